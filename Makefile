@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.teachkit-installed
+
+.PHONY: demo test lint bench clean setup
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip >/dev/null
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/pip install -e ".[data,plot,dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/teachkit demo
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

@@ -1,0 +1,64 @@
+"""Core data types: tensors held in memory, batches carrying dataset indices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class Batch(NamedTuple):
+    """One mini-batch. ``index`` is each sample's position in its split (CRD needs it)."""
+
+    x: Tensor
+    y: Tensor
+    index: Tensor
+
+
+@dataclass
+class TensorSplit:
+    """One split held as tensors: ``x`` float32 (N, *input_shape), ``y`` int64 (N,)."""
+
+    x: Tensor
+    y: Tensor
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def subset(self, idx: Tensor) -> TensorSplit:
+        return TensorSplit(self.x[idx], self.y[idx])
+
+
+@dataclass
+class Splits:
+    """Train / val / test splits of one dataset, normalised with train statistics.
+
+    ``val`` is a fixed, seeded, class-stratified slice carved from the training data; model
+    selection and early stopping read it, never ``test``. ``image`` says whether spatial
+    augmentation (pad-crop, flip) makes sense for this data. ``mean`` / ``std`` (shape (C,), channel =
+    dim 1 of ``x``) are the statistics every split was normalised with; ``None`` when not normalised.
+    """
+
+    name: str
+    train: TensorSplit
+    val: TensorSplit
+    test: TensorSplit
+    num_classes: int
+    image: bool = True
+    default_augment: str = "none"
+    mean: Tensor | None = None
+    std: Tensor | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train.x.shape[1:])
+
+    def to(self, device: torch.device | str) -> Splits:
+        def mv(s: TensorSplit) -> TensorSplit:
+            return TensorSplit(s.x.to(device), s.y.to(device))
+
+        return replace(self, train=mv(self.train), val=mv(self.val), test=mv(self.test),
+                       mean=None if self.mean is None else self.mean.to(device),
+                       std=None if self.std is None else self.std.to(device))

@@ -1,0 +1,72 @@
+"""Mini-batches sliced from tensors held in memory (on any device), reproducible per (seed, epoch).
+
+No ``DataLoader`` and no per-sample work: each batch is one index into the stored tensors. The order
+and the augmentation of epoch ``e`` depend on ``(seed, e)`` only, so a run resumed at an epoch boundary
+sees exactly the batches it would have seen, without saving RNG state, and two methods run with the same
+seed see the same batch order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator
+
+import torch
+
+from teachkit.data.augment import Augment
+from teachkit.data.base import Batch, TensorSplit
+from teachkit.errors import ConfigError
+
+
+def epoch_generator(seed: int, epoch: int, stream: str) -> torch.Generator:
+    """A CPU generator seeded from a hash of (seed, epoch, stream): distinct streams never share state."""
+    digest = hashlib.blake2b(f"teachkit:{stream}:{seed}:{epoch}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+class BatchLoader:
+    """Batches of ``split``: ``Batch(x, y, index)`` with ``index`` the samples' positions in the split.
+
+    The permutation comes from a generator seeded by (seed, epoch); the augmentation from a second one
+    seeded by (seed, epoch), so batch order does not depend on whether augmentation is on.
+    """
+
+    def __init__(self, split: TensorSplit, batch_size: int, shuffle: bool, seed: int,
+                 augment: Augment | None = None, drop_last: bool = False) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        if drop_last and len(split) < batch_size:
+            raise ConfigError(f"batch_size={batch_size} with drop_last leaves no batch: the split holds "
+                              f"{len(split)} samples")
+        self.split = split
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.augment = augment
+        self.drop_last = drop_last
+
+    def __len__(self) -> int:
+        n = len(self.split)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The sample positions of ``epoch`` in visiting order (CPU int64)."""
+        n = len(self.split)
+        if not self.shuffle:
+            return torch.arange(n)
+        return torch.randperm(n, generator=epoch_generator(self.seed, epoch, "order"))
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """The ``len(self)`` batches of ``epoch``, on the split's device."""
+        device = self.split.x.device
+        order = self.order(epoch).to(device)
+        aug_gen = epoch_generator(self.seed, epoch, "augment") if self.augment is not None else None
+        for b in range(len(self)):
+            index = order[b * self.batch_size:(b + 1) * self.batch_size]
+            x = self.split.x[index]
+            if self.augment is not None and aug_gen is not None:
+                x = self.augment(x, aug_gen)
+            yield Batch(x, self.split.y[index], index)

@@ -1,0 +1,160 @@
+"""From a raw dataset to fixed, seeded, class-stratified train / val / test splits, normalised.
+
+Order of operations (each step draws from one CPU generator seeded with ``split_seed``):
+
+1. sources without an official test split get a stratified 20% test split;
+2. a stratified ``val_fraction`` of the remaining training data becomes ``val``;
+3. ``train_subset`` (optional) keeps a stratified subset of what is left -- carved last, so ``val`` and
+   ``test`` hold the same samples whatever the subset;
+4. per-channel mean/std (channel = dim 1 of ``x``) are computed on the training split of step 2, i.e.
+   before the subset, and applied to all splits: a student trained on a subset sees inputs normalised
+   exactly as its teacher (trained on the full split) did, and val/test tensors do not depend on it.
+
+Per-class counts use largest-remainder (Hamilton) apportionment with exact rational arithmetic, so each
+class gets floor or ceil of its share and the total is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from teachkit.data import cifar, mnist, sources  # noqa: F401  (register the sources)
+from teachkit.data.base import Splits, TensorSplit
+from teachkit.data.raw import load_raw
+from teachkit.errors import ConfigError, DataError
+
+TEST_FRACTION = Fraction(1, 5)
+
+
+def apportion(quotas: list[Fraction], total: int) -> list[int]:
+    """Integers k_c in {floor(q_c), ceil(q_c)} summing to ``total`` (largest fractional parts round up;
+    ties go to the lower class index). Needs sum(floor(q)) <= total <= sum(ceil(q))."""
+    ks = [math.floor(q) for q in quotas]
+    order = sorted(range(len(quotas)), key=lambda c: (-(quotas[c] - ks[c]), c))
+    for c in order[: total - sum(ks)]:
+        ks[c] += 1
+    return ks
+
+
+def take_per_class(y: Tensor, ks: list[int], generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(rest, taken): sorted positions of ``y``; ``ks[c]`` random samples of class c are taken."""
+    taken, rest = [], []
+    for c, k in enumerate(ks):
+        idx = (y == c).nonzero().flatten()
+        if len(idx) == 0:
+            continue
+        perm = idx[torch.randperm(len(idx), generator=generator)]
+        taken.append(perm[:k])
+        rest.append(perm[k:])
+    return _sorted_cat(rest), _sorted_cat(taken)
+
+
+def _sorted_cat(parts: list[Tensor]) -> Tensor:
+    return torch.sort(torch.cat(parts)).values if parts else torch.zeros(0, dtype=torch.long)
+
+
+def stratified_fraction(y: Tensor, num_classes: int, fraction: Fraction,
+                        generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(rest, taken) with round(fraction * len(y)) samples taken, split across classes in proportion.
+
+    Every class with >= 2 samples keeps at least one on each side; a class with one sample stays in
+    ``rest``. Where these bounds push the total off, classes that were rounded the other way give or take
+    one, so each class stays within 1 of its share; the total is exact unless tiny classes forbid it.
+    """
+    counts = torch.bincount(y.cpu(), minlength=num_classes).tolist()
+    quotas = [fraction * n for n in counts]
+    total = math.floor(fraction * len(y) + Fraction(1, 2))
+    ks = apportion(quotas, total)
+    lo = [1 if n >= 2 else 0 for n in counts]
+    hi = [n - 1 if n >= 2 else 0 for n in counts]
+    ks = [min(max(k, a), b) for k, a, b in zip(ks, lo, hi, strict=True)]
+    while sum(ks) != total:
+        step = 1 if sum(ks) < total else -1
+        movable = [c for c in range(num_classes) if lo[c] <= ks[c] + step <= hi[c]
+                   and (ks[c] < quotas[c] if step > 0 else ks[c] > quotas[c])]
+        if not movable:
+            break
+        c = max(movable, key=lambda c: (step * (quotas[c] - ks[c]), -c))
+        ks[c] += step
+    return take_per_class(y.cpu(), ks, generator)
+
+
+def stratified_subset(y: Tensor, num_classes: int, size: int, generator: torch.Generator) -> Tensor:
+    """Sorted positions of exactly ``size`` samples of ``y``, stratified by class; when ``size`` allows,
+    every class present keeps at least one sample."""
+    counts = torch.bincount(y.cpu(), minlength=num_classes).tolist()
+    ks = apportion([Fraction(size * n, len(y)) for n in counts], size)
+    present = [c for c, n in enumerate(counts) if n > 0]
+    if size >= len(present):
+        for c in present:
+            if ks[c] == 0:
+                donor = max(present, key=lambda d: (ks[d], -d))
+                ks[donor] -= 1
+                ks[c] += 1
+    return take_per_class(y.cpu(), ks, generator)[1]
+
+
+def channel_stats(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-channel (dim 1) mean and population std of ``x`` over all other dims (float32, Welford-based
+    ``torch.var_mean``). A constant channel gets std 1."""
+    if x.shape[0] == 0:
+        raise DataError("cannot compute normalisation statistics of an empty training split")
+    var, mean = torch.var_mean(x.float(), dim=[0, *range(2, x.dim())], correction=0)
+    std = var.sqrt()
+    return mean, torch.where(std > 1e-12, std, torch.ones_like(std))
+
+
+def normalise(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+    """(x - mean) / std per channel (dim 1), as a new float32 tensor."""
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return x.float().sub(mean.to(x.device).view(shape)).div_(std.to(x.device).view(shape))
+
+
+def load_splits(name: str, root: str | None = None, val_fraction: float = 0.1, split_seed: int = 0,
+                train_subset: int | None = None, options: dict[str, Any] | None = None) -> Splits:
+    """Dataset ``name`` as normalised train / val / test splits (see the module docstring)."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) \
+            or not 0 < val_fraction < 1:
+        raise ConfigError(f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}")
+    if isinstance(split_seed, bool) or not isinstance(split_seed, int):
+        raise ConfigError(f"split_seed must be an integer, got {split_seed!r}")
+    if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int)):
+        raise ConfigError(f"train_subset must be an integer or null, got {train_subset!r}")
+    raw = load_raw(name, root, options)
+    k, image, default_augment = raw.num_classes, raw.image, raw.default_augment
+    g = torch.Generator().manual_seed(split_seed)
+
+    x, y = raw.train_x, raw.train_y
+    if raw.test_x is None or raw.test_y is None:
+        if len(y) < 3:
+            raise DataError(f"dataset {name!r} has {len(y)} samples, too few to carve test and val splits")
+        rest, held = stratified_fraction(y, k, TEST_FRACTION, g)
+        test = TensorSplit(x[held], y[held])
+        x, y = x[rest], y[rest]
+    else:
+        test = TensorSplit(raw.test_x, raw.test_y)
+    if len(y) < 2:
+        raise DataError(f"dataset {name!r} has {len(y)} training samples, too few to carve a val split")
+    rest, held = stratified_fraction(y, k, Fraction(val_fraction), g)
+    if len(held) == 0:
+        raise DataError(f"dataset {name!r}: val_fraction={val_fraction} of {len(y)} training samples "
+                        "leaves an empty val split")
+    val = TensorSplit(x[held], y[held])
+    train = TensorSplit(x[rest], y[rest])
+    del x, y, raw
+
+    mean, std = channel_stats(train.x)
+    if train_subset is not None:
+        if not 1 <= train_subset <= len(train):
+            raise ConfigError(f"train_subset={train_subset} is out of range: the {name!r} train split holds "
+                              f"{len(train)} samples, so choose 1..{len(train)}")
+        train = train.subset(stratified_subset(train.y, k, train_subset, g))
+
+    splits = [TensorSplit(normalise(s.x, mean, std), s.y) for s in (train, val, test)]
+    return Splits(name, *splits, num_classes=k, image=image, default_augment=default_augment,
+                  mean=mean, std=std)

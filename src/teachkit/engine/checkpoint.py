@@ -1,0 +1,168 @@
+"""Safe, atomic checkpoints and training trajectories.
+
+A checkpoint is one ``.safetensors`` file (all tensors: weights, optimiser buffers, RNG state as
+uint8) whose metadata carries the JSON state, plus a ``.json`` sidecar with the same state and the
+file's sha256. Files are written to a temporary name and renamed into place, so a crash never
+leaves a half-written checkpoint under the real name. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from teachkit.errors import CheckpointError
+
+STATE_KEY = "teachkit_state"
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` then rename the temporary file onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False)
+            f.write("\n")
+
+    atomic_write(path, write)
+
+
+def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], state: dict[str, Any]) -> str:
+    """Write ``tensors`` + JSON ``state`` atomically; return the file's sha256."""
+    path = Path(path)
+    flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    meta = {STATE_KEY: json.dumps(state)}
+    atomic_write(path, lambda tmp: save_file(flat, tmp, metadata=meta))
+    digest = sha256_file(path)
+    write_json(path.with_suffix(".json"), {**state, "file": path.name, "sha256": digest})
+    return digest
+
+
+def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple[dict[str, Tensor], dict]:
+    """Read a checkpoint, verifying its sha256 against ``expect_sha256`` or the JSON sidecar."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    sidecar = path.with_suffix(".json")
+    if expect_sha256 is None and sidecar.is_file():
+        try:
+            expect_sha256 = json.loads(sidecar.read_text()).get("sha256")
+        except (json.JSONDecodeError, AttributeError):
+            raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} is not valid JSON") from None
+    if expect_sha256 is not None and sha256_file(path) != expect_sha256:
+        raise CheckpointError(f"checkpoint {str(path)!r} fails its sha256 check (truncated or modified)")
+    try:
+        tensors = load_file(str(path))
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = json.loads(meta.get(STATE_KEY, "{}"))
+    except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({str(e).splitlines()[0]})") from None
+    return tensors, state
+
+
+def prefixed(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {f"{prefix}{k}": v for k, v in tensors.items()}
+
+
+def strip(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def optimizer_to_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
+    """An optimiser state_dict as (tensors, JSON-able structure) without pickle."""
+    sd = opt.state_dict()
+    tensors: dict[str, Tensor] = {}
+    state_json: dict[str, dict] = {}
+    for idx, st in sd["state"].items():
+        entry = {}
+        for key, val in st.items():
+            if isinstance(val, Tensor):
+                tensors[f"optim/{idx}/{key}"] = val
+                entry[key] = "<tensor>"
+            else:
+                entry[key] = val
+        state_json[str(idx)] = entry
+    return tensors, {"state": state_json, "param_groups": sd["param_groups"]}
+
+
+def optimizer_from_flat(opt: torch.optim.Optimizer, tensors: dict[str, Tensor], structure: dict) -> None:
+    state = {}
+    for idx, entry in structure["state"].items():
+        state[int(idx)] = {k: (tensors[f"optim/{idx}/{k}"] if v == "<tensor>" else v) for k, v in entry.items()}
+    opt.load_state_dict({"state": state, "param_groups": structure["param_groups"]})
+
+
+class Trajectory:
+    """A folder of per-epoch weight checkpoints plus ``trajectory.json`` (epoch, val_acc, file, sha256).
+
+    Written by any run with ``train.save_every=k``; read by Pro-KD replay, RCO and checkpoint search.
+    """
+
+    MANIFEST = "trajectory.json"
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.entries: list[dict] = []
+        manifest = self.folder / self.MANIFEST
+        if manifest.is_file():
+            try:
+                self.entries = json.loads(manifest.read_text())["checkpoints"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise CheckpointError(f"trajectory manifest {str(manifest)!r} is malformed") from None
+
+    def add(self, epoch: int, val_acc: float, tensors: dict[str, Tensor], state: dict) -> None:
+        name = f"epoch_{epoch:04d}.safetensors"
+        digest = save_checkpoint(self.folder / name, tensors, state)
+        self.entries = [e for e in self.entries if e["epoch"] != epoch]
+        self.entries.append({"epoch": epoch, "val_acc": val_acc, "file": name, "sha256": digest})
+        self.entries.sort(key=lambda e: e["epoch"])
+        write_json(self.folder / self.MANIFEST, {"checkpoints": self.entries})
+
+    def truncate(self, last_epoch: int) -> None:
+        """Forget entries after ``last_epoch`` (used on resume)."""
+        self.entries = [e for e in self.entries if e["epoch"] <= last_epoch]
+        if self.folder.exists():
+            write_json(self.folder / self.MANIFEST, {"checkpoints": self.entries})
+
+    def load(self, epoch: int) -> tuple[dict[str, Tensor], dict]:
+        for e in self.entries:
+            if e["epoch"] == epoch:
+                return load_checkpoint(self.folder / e["file"], expect_sha256=e["sha256"])
+        raise CheckpointError(f"trajectory {str(self.folder)!r} has no checkpoint for epoch {epoch}")
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,26 @@
+"""Learning-rate schedules as pure functions of training time (no state to checkpoint)."""
+
+from __future__ import annotations
+
+import math
+
+from teachkit.config import OptimConfig
+
+
+def lr_factor(cfg: OptimConfig, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> float:
+    """Multiplier of ``cfg.lr`` at (epoch, step): linear warm-up per step, then the schedule.
+
+    ``step`` and ``multistep`` decay at epoch boundaries (as the reference CIFAR recipes do);
+    ``cosine`` anneals per step from 1 to 0 over the epochs after warm-up.
+    """
+    t = epoch + step / max(1, steps_per_epoch)
+    if cfg.warmup_epochs > 0 and t < cfg.warmup_epochs:
+        return (t + 1.0 / max(1, steps_per_epoch)) / cfg.warmup_epochs
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "step":
+        return cfg.gamma ** (epoch // cfg.step_size)
+    if cfg.schedule == "multistep":
+        return cfg.gamma ** sum(epoch >= m for m in cfg.milestones)
+    span = max(1e-8, epochs - cfg.warmup_epochs)
+    return 0.5 * (1 + math.cos(math.pi * min(1.0, (t - cfg.warmup_epochs) / span)))

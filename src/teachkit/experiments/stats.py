@@ -1,0 +1,41 @@
+"""Small statistics for reports: mean +- std over seeds and paired 95% intervals (Student t)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# Two-sided 95% Student-t critical values t_{0.975, df} for df = 1..30 (standard tables).
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042]
+
+
+def t_critical(df: int) -> float:
+    """t_{0.975, df}; the normal 1.96 beyond df = 30 (within 2%)."""
+    if df < 1:
+        return float("nan")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof = 1; 0 for a single value)."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(values) / n
+    if n == 1:
+        return m, 0.0
+    return m, math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of the paired differences a - b and its 95% t interval (low, high)."""
+    if len(a) != len(b):
+        raise ValueError("paired samples must have equal length")
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    m, s = mean_std(d)
+    if len(d) < 2:
+        return m, float("nan"), float("nan")
+    half = t_critical(len(d) - 1) * s / math.sqrt(len(d))
+    return m, m - half, m + half

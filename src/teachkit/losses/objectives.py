@@ -1,0 +1,48 @@
+"""Objectives for training one model on labels (the teacher or a student without KD).
+
+ECCV 2024 "How to Train the Teacher Model for Effective Knowledge Distillation" (Hamidi et al.):
+a teacher trained with MSE between its softmax output and the one-hot label estimates the Bayes
+class-probability vector p*(y|x), which is what bounds the student's error (their Eq. 3/Theorem 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from teachkit.registry import Registry
+
+Objective = Callable[..., Tensor]
+OBJECTIVES: Registry[Objective] = Registry("loss")
+
+
+def _targets(y: Tensor, num_classes: int, label_smoothing: float) -> Tensor:
+    onehot = F.one_hot(y, num_classes).to(torch.float32)
+    if label_smoothing > 0:
+        onehot = onehot * (1 - label_smoothing) + label_smoothing / num_classes
+    return onehot
+
+
+@OBJECTIVES.register("ce", "cross-entropy on labels (optionally label-smoothed)")
+def cross_entropy(logits: Tensor, y: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Mean over the batch of -log softmax(z)_y."""
+    return F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+
+
+@OBJECTIVES.register("mse", "ECCV 2024 MSE teacher: sum_c (onehot - softmax)^2, mean over batch")
+def softmax_mse(logits: Tensor, y: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """sum_i (onehot(y)_i - softmax(z)_i)^2 summed over classes, averaged over the batch.
+
+    Note ``F.mse_loss`` would also average over the C classes (C times smaller gradients).
+    """
+    p = logits.float().softmax(dim=1)
+    return (p - _targets(y, logits.shape[1], label_smoothing)).pow(2).sum(dim=1).mean()
+
+
+@OBJECTIVES.register("mse-logits", "ablation: sum_c (onehot - logits)^2 on raw logits, mean over batch")
+def logit_mse(logits: Tensor, y: Tensor, label_smoothing: float = 0.0) -> Tensor:
+    """Squared error of raw logits against the one-hot vector (summed over classes, batch mean)."""
+    return (logits.float() - _targets(y, logits.shape[1], label_smoothing)).pow(2).sum(dim=1).mean()

@@ -1,0 +1,119 @@
+"""The model registry, :func:`build_model` and the shared input-shape / option checks."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from teachkit.errors import ConfigError
+from teachkit.registry import Registry, closest
+
+Builder = Callable[..., nn.Module]
+
+MODELS: Registry[Builder] = Registry("model")
+
+
+def input_shape_of(input_shape: Any, model: str = "") -> tuple[int, ...]:
+    """``input_shape`` (per-sample, no batch dim) as a tuple of positive ints, else a ConfigError."""
+    msg = f"model {model!r} needs" if model else "need"
+    msg += f" an input shape of positive ints (no batch dim); got {input_shape!r}"
+    if isinstance(input_shape, (str, bytes)):
+        raise ConfigError(msg)
+    try:
+        dims = tuple(input_shape)
+    except TypeError:
+        raise ConfigError(msg) from None
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+        raise ConfigError(msg)
+    return dims
+
+
+def check_input(model: str, input_shape: Sequence[int], layout: str, min_size: int) -> tuple[int, ...]:
+    """Require ``input_shape`` to be ``layout`` (e.g. ``"(C, H, W)"``) with every spatial size >= min_size.
+
+    The message names the model, e.g. "model 'resnet20' needs input (C, H, W) with H, W >= 8; got (1, 40)".
+    """
+    dims = input_shape_of(input_shape, model)
+    names = [n.strip() for n in layout.strip("()").split(",")]
+    spatial = ", ".join(names[1:])
+    if len(dims) != len(names) or min(dims[1:]) < min_size:
+        raise ConfigError(
+            f"model {model!r} needs input {layout} with {spatial} >= {min_size}; got {fmt_shape(dims)}"
+        )
+    return dims
+
+
+def check_classes(model: str, num_classes: Any) -> int:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ConfigError(f"model {model!r} needs num_classes >= 2; got {num_classes!r}")
+    return num_classes
+
+
+def fmt_shape(dims: Sequence[int]) -> str:
+    return "(" + ", ".join(str(d) for d in dims) + (",)" if len(dims) == 1 else ")")
+
+
+def option_names(builder: Builder) -> tuple[list[str], bool]:
+    """The builder's option names (everything after input_shape, num_classes) and whether it takes **kw."""
+    params = list(inspect.signature(builder).parameters.values())[2:]
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    names = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)]
+    return names, var_kw
+
+
+def build_model(name: str, input_shape: Sequence[int], num_classes: int, **options: Any) -> nn.Module:
+    """Build the registered model ``name`` for per-sample ``input_shape`` and ``num_classes``.
+
+    Unknown option names, missing required options, input shapes the model cannot take and
+    ``num_classes < 2`` are one-line :class:`ConfigError`s. The model carries ``model.tap_spec``.
+    """
+    builder = MODELS.get(name)
+    allowed, var_kw = option_names(builder)
+    if not var_kw:
+        for key in options:
+            if key not in allowed:
+                raise ConfigError(
+                    f"model {name!r} has no option {key!r}{closest(key, allowed)}; "
+                    f"allowed: {', '.join(allowed) if allowed else '(none)'}"
+                )
+    params = inspect.signature(builder).parameters
+    for key in allowed:
+        if params[key].default is inspect.Parameter.empty and key not in options:
+            raise ConfigError(f"model {name!r} needs option {key!r}")
+    dims = input_shape_of(input_shape, name)
+    check_classes(name, num_classes)
+    model = builder(dims, num_classes, **options)
+    if not hasattr(model, "tap_spec"):
+        raise TypeError(f"model builder {name!r} returned a module without a tap_spec")
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters (each shared tensor counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def flat_size(features: Callable[[torch.Tensor], torch.Tensor], input_shape: Sequence[int]) -> int:
+    """Per-sample size of ``features(x)`` flattened, by a dummy forward of one zero sample.
+
+    ``features`` must hold no state a forward changes (no BatchNorm): it runs as is, under no_grad.
+    """
+    return int(features(torch.zeros(1, *input_shape))[0].numel())
+
+
+def positive_int(model: str, option: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"model {model!r} option {option!r} must be a positive int; got {value!r}")
+    return value
+
+
+def fraction(model: str, option: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"model {model!r} option {option!r} must be a number in [0, 1); got {value!r}")
+    return float(value)

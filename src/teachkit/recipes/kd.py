@@ -1,0 +1,91 @@
+"""Two-stage KD: a frozen teacher (from a checkpoint or trained first in the same run), then a student."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from teachkit.config import RunConfig
+from teachkit.data.base import Splits
+from teachkit.engine.trainer import fit
+from teachkit.losses import LOSSES
+from teachkit.models import Tapped
+from teachkit.recipes.common import (
+    FrozenTeacher,
+    RunResult,
+    check_compatible,
+    device_of,
+    load_data,
+    load_model,
+    make_model,
+    model_meta,
+    prepare_run_dir,
+    seed_everything,
+    with_changes,
+)
+from teachkit.recipes.registry import RECIPES
+from teachkit.recipes.standalone import train_model
+
+
+def teacher_config(cfg: RunConfig) -> RunConfig:
+    """The config of a teacher trained in-command: full train split, its own model/optim/epochs/loss."""
+    t = cfg.teacher
+    return with_changes(cfg, name=f"{cfg.name}/teacher", model=t.model, optim=t.optim,
+                        train={"epochs": t.epochs, "loss": t.loss, "save_every": 0},
+                        data={"train_subset": None})
+
+
+def obtain_teacher(cfg: RunConfig, run_dir: Path, resume: bool, device: torch.device) -> tuple[nn.Module, dict]:
+    """Load ``teacher.checkpoint``, or train the teacher into ``run_dir/teacher`` (reused on resume)."""
+    if cfg.teacher.checkpoint:
+        return load_model(cfg.teacher.checkpoint, cfg.teacher.select, device)
+    teacher_dir = run_dir / "teacher"
+    if not (teacher_dir / "summary.json").is_file():
+        train_model(teacher_config(cfg), resume=resume and (teacher_dir / "checkpoints").is_dir(),
+                    run_dir=teacher_dir)
+    return load_model(teacher_dir, cfg.teacher.select, device)
+
+
+def build_distill_loss(cfg: RunConfig, student: nn.Module, teacher: nn.Module, splits: Splits):
+    """The distillation loss named by ``kd.method``, built from probed taps of one dummy batch."""
+    loss_cls = LOSSES.get(cfg.kd.method)
+    s_tap, t_tap = Tapped(student, want=loss_cls.needs), Tapped(teacher, want=loss_cls.needs)
+    probe = splits.train.x[:2]
+    with torch.no_grad():
+        was = student.training
+        student.eval()
+        s_probe, t_probe = s_tap(probe), t_tap(probe)
+        student.train(was)
+    loss = loss_cls(alpha=cfg.kd.alpha, temperature=cfg.kd.temperature,
+                    student_probe=s_probe, teacher_probe=t_probe).to(probe.device)
+    return loss, s_tap, t_tap
+
+
+@RECIPES.register("kd", "two-stage KD: frozen teacher (checkpoint or trained first), then the student")
+def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
+            run_dir: Path | None = None) -> RunResult:
+    """Distil ``cfg.model`` from the teacher with loss ``kd.method``; the teacher is never updated."""
+    device = device_of(cfg)
+    run_dir = prepare_run_dir(cfg, resume, run_dir)
+    splits = splits if splits is not None else load_data(cfg.data, device)
+    teacher_model, teacher_state = obtain_teacher(cfg, run_dir, resume, device)
+    check_compatible(teacher_state, splits)
+    teacher = FrozenTeacher(teacher_model)
+    seed_everything(cfg.train.seed, cfg.train.deterministic)
+    student = make_model(cfg.model, splits, device)
+    loss, s_tap, t_tap = build_distill_loss(cfg, student, teacher, splits)
+
+    def step(batch, progress):
+        t_out = t_tap(batch.x)
+        s_out = s_tap(batch.x)
+        return loss(s_out, t_out, batch, progress), s_out.logits
+
+    meta = model_meta(cfg, splits, cfg.kd.method)
+    meta["teacher"] = {"epoch": teacher_state.get("epoch"), "val_acc": teacher_state.get("val_acc"),
+                       "test_acc": teacher_state.get("test_acc"), "loss": teacher_state.get("loss")}
+    result = fit(student, step, splits, cfg, run_dir, extra=loss, meta=meta, resume=resume, desc=cfg.name)
+    (run_dir / "teacher.json").write_text(json.dumps(meta["teacher"], indent=2) + "\n")
+    return RunResult(run_dir, result.summary, student, result.history)

@@ -1,0 +1,38 @@
+"""Shared fixtures: small configs on synthetic data so engine and CLI tests run in seconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from teachkit.config import from_dict
+
+torch.set_num_threads(1)
+
+
+def tiny_config(tmp_path, **sections) -> dict:
+    """A config dict for a 2-second run: 8x8 synthetic images, small MLP, few epochs."""
+    cfg = {
+        "name": "tiny",
+        "out_dir": str(tmp_path / "runs"),
+        "data": {"name": "synthetic", "batch_size": 32,
+                 "options": {"shape": [1, 8, 8], "num_classes": 4, "n_train": 240, "n_test": 80}},
+        "model": {"name": "mlp", "options": {"hidden": [16]}},
+        "optim": {"name": "sgd", "lr": 0.05, "schedule": "cosine"},
+        "train": {"epochs": 2, "progress": False},
+        "teacher": {"model": {"name": "mlp", "options": {"hidden": [32]}}, "epochs": 2},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    def make(**sections):
+        return from_dict(tiny_config(tmp_path, **sections))
+
+    return make

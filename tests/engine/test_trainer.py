@@ -1,0 +1,84 @@
+import json
+
+import pytest
+import torch
+
+from teachkit.engine.checkpoint import load_checkpoint
+from teachkit.engine.trainer import fit
+from teachkit.errors import NonFiniteLossError
+from teachkit.recipes import train_model
+from teachkit.recipes.common import load_data
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_run_folder_contents(tiny):
+    result = train_model(tiny(train={"epochs": 3, "save_every": 1, "progress": False}))
+    d = result.run_dir
+    assert (d / "config.yaml").is_file()
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2, 3]
+    summary = json.loads((d / "summary.json").read_text())
+    for key in ("val_acc", "test_acc", "best_epoch", "best_val_acc", "test_acc_at_best", "wall_time_s",
+                "images_per_s"):
+        assert key in summary
+    manifest = json.loads((d / "trajectory" / "trajectory.json").read_text())["checkpoints"]
+    assert [e["epoch"] for e in manifest] == [1, 2, 3] and all(len(e["sha256"]) == 64 for e in manifest)
+    assert summary["val_acc"] > 40  # 4 separable classes: learns well above chance (25%)
+
+
+def test_resume_is_bit_identical(tiny, tmp_path):
+    """4 epochs straight == 2 epochs, crash, resume for 2 more (CPU)."""
+    dropout = {"name": "mlp", "options": {"hidden": [16], "dropout": 0.3}}  # the torch RNG matters too
+    straight = train_model(tiny(name="straight", model=dropout, train={"epochs": 4, "progress": False}))
+    cfg = tiny(name="resumed", model=dropout, train={"epochs": 4, "progress": False})
+
+    import teachkit.engine.trainer as trainer
+
+    real_evaluate = trainer.evaluate
+    calls = {"n": 0}
+
+    def crash_after_two_epochs(model, split, batch_size=1000):
+        calls["n"] += 1
+        if calls["n"] == 5:  # val+test of epochs 1-2 done, checkpoint of epoch 2 written
+            raise Interrupt
+        return real_evaluate(model, split, batch_size)
+
+    trainer.evaluate = crash_after_two_epochs
+    try:
+        with pytest.raises(Interrupt):
+            train_model(cfg)
+    finally:
+        trainer.evaluate = real_evaluate
+    _, state = load_checkpoint(tmp_path / "runs" / "resumed" / "checkpoints" / "last.safetensors")
+    assert state["epoch"] == 2
+    resumed = train_model(cfg, resume=True)
+    for (k, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items(),
+                              strict=True):
+        assert torch.equal(a, b), k
+    lines = (resumed.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2, 3, 4]
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny, tmp_path):
+    cfg = tiny(train={"epochs": 4, "progress": False})
+    splits = load_data(cfg.data, torch.device("cpu"))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 4))
+
+    def step(batch, progress):
+        logits = model(batch.x)
+        loss = torch.nn.functional.cross_entropy(logits, batch.y)
+        if progress.epoch == 2 and progress.step == 3:
+            loss = loss * float("nan")
+        return {"ce": loss}, logits
+
+    run_dir = tmp_path / "nan-run"
+    with pytest.raises(NonFiniteLossError, match=r"loss became nan at epoch 3, step 4; training stopped, "
+                                                 r"last good checkpoint .*last.safetensors' \(epoch 2\)"):
+        fit(model, step, splits, cfg, run_dir)
+    tensors, state = load_checkpoint(run_dir / "checkpoints" / "last.safetensors")
+    assert state["epoch"] == 2
+    assert all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point())
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,198 @@
+"""Feature taps on zoo and user models: shapes, pre/post activations, hooks, wrappers, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from teachkit.errors import ConfigError
+from teachkit.models import Tapped, Taps, TapSpec, build_model, unwrap
+
+ALL = ("logits", "embedding", "stages", "stages_pre")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def hook_count(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.fixture
+def resnet20() -> nn.Module:
+    return build_model("resnet20", (3, 32, 32), 10).eval()
+
+
+class Wrapper(nn.Module):
+    """Stands in for DistributedDataParallel: the model is ``.module``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+def test_resnet20_taps(resnet20: nn.Module) -> None:
+    x = torch.randn(2, 3, 32, 32)
+    with Tapped(resnet20, want=ALL) as tapped:
+        taps = tapped(x)
+    assert isinstance(taps, Taps)
+    assert [t.shape[1:] for t in taps.stages] == [(16, 32, 32), (32, 16, 16), (64, 8, 8)]
+    assert [t.shape for t in taps.stages_pre] == [t.shape for t in taps.stages]
+    assert taps.embedding is not None and taps.embedding.shape == (2, 64)
+    with torch.no_grad():
+        ref = resnet20(x)
+    assert torch.equal(taps.logits, ref)
+    for pre, post in zip(taps.stages_pre, taps.stages, strict=True):
+        assert torch.equal(torch.relu(pre), post)
+    assert (taps.stages_pre[-1] < 0).any()  # really the pre-activation, not overwritten by an inplace ReLU
+    assert torch.allclose(taps.embedding, taps.stages[-1].mean(dim=(2, 3)), atol=1e-6)
+    assert hook_count(resnet20) == 0
+
+
+def test_resnet20_tap_spec(resnet20: nn.Module) -> None:
+    assert resnet20.tap_spec == TapSpec(
+        "fc", ("layer1", "layer2", "layer3"), ("layer1.2.preact", "layer2.2.preact", "layer3.2.preact")
+    )
+    assert build_model("resnet56", (3, 32, 32), 10).tap_spec.stages_pre[0] == "layer1.8.preact"
+
+
+@pytest.mark.parametrize(("name", "shape", "stages", "emb"), [
+    ("resnet8x4", (3, 32, 32), [(64, 32, 32), (128, 16, 16), (256, 8, 8)], 256),
+    ("resnet8", (1, 8, 8), [(16, 8, 8), (32, 4, 4), (64, 2, 2)], 64),
+    ("lenet", (1, 28, 28), [(20, 12, 12), (50, 4, 4)], 500),
+    ("lenet", (1, 8, 8), [(20, 4, 4), (50, 2, 2)], 500),
+    ("cnn1d", (1, 40), [(25, 19), (25, 10), (25, 5)], 125),
+    ("mlp", (1, 28, 28), [(500,)], 500),
+])
+def test_zoo_taps(name: str, shape: tuple[int, ...], stages: list[tuple[int, ...]], emb: int) -> None:
+    model = build_model(name, shape, 10).eval()
+    spec = model.tap_spec
+    modules = dict(model.named_modules())
+    assert all(p in modules for p in (spec.embedding, *spec.stages, *spec.stages_pre))
+    taps = Tapped(model, want=ALL)(torch.randn(2, *shape))
+    assert [tuple(t.shape[1:]) for t in taps.stages] == stages
+    assert len(taps.stages_pre) == len(stages)
+    assert taps.embedding.shape == (2, emb)
+    if name != "lenet":  # LeNet stages are post-pool, its stages_pre the conv outputs
+        for pre, post in zip(taps.stages_pre, taps.stages, strict=True):
+            assert torch.equal(torch.relu(pre), post)
+
+
+def test_mlp_taps_per_hidden_layer() -> None:
+    model = build_model("mlp", (1, 40), 10, hidden=[64, 32])
+    assert model.tap_spec.stages == ("body.relu1", "body.relu2")
+    taps = Tapped(model, want=ALL)(torch.randn(3, 1, 40))
+    assert [t.shape for t in taps.stages] == [(3, 64), (3, 32)]
+    assert [t.shape for t in taps.stages_pre] == [(3, 64), (3, 32)]
+    assert torch.equal(taps.embedding, taps.stages[-1])
+
+
+def test_logits_only_registers_no_hooks(resnet20: nn.Module) -> None:
+    tapped = Tapped(resnet20, want=("logits",))
+    assert hook_count(resnet20) == 0
+    taps = tapped(torch.randn(1, 3, 32, 32))
+    assert taps.embedding is None and taps.stages == [] and taps.stages_pre == []
+
+
+def test_remove_and_stale_wrappers(resnet20: nn.Module) -> None:
+    first = Tapped(resnet20, want=("stages",))
+    second = Tapped(resnet20, want=("stages", "embedding"))
+    assert hook_count(resnet20) == 7
+    assert len(second(torch.randn(1, 3, 32, 32)).stages) == 3
+    assert first._records == {}  # the other wrapper's hooks do not record outside its own forward
+    resnet20(torch.randn(1, 3, 32, 32))
+    assert first._records == {} and second._records == {}
+    first.remove()
+    second.remove()
+    assert hook_count(resnet20) == 0
+
+
+def test_stage_order_follows_spec(resnet20: nn.Module) -> None:
+    spec = TapSpec(stages=("layer3", "layer1"))
+    with Tapped(resnet20, spec, want=("stages",)) as tapped:
+        taps = tapped(torch.randn(1, 3, 32, 32))
+    assert [t.shape[1] for t in taps.stages] == [64, 16]
+    assert hook_count(resnet20) == 0
+
+
+def test_user_sequential_with_spec() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    spec = TapSpec.from_dict({"embedding": "3", "stages": "1", "stages_pre": ["0"]})
+    assert spec == TapSpec("3", ("1",), ("0",))
+    taps = Tapped(model, spec, want=ALL)(torch.randn(2, 1, 8, 8))
+    assert taps.stages[0].shape == (2, 4, 6, 6) and taps.embedding.shape == (2, 144)
+    assert torch.equal(torch.relu(taps.stages_pre[0]), taps.stages[0])
+    with pytest.raises(ConfigError, match="no 'stages' tap"):
+        Tapped(model, want=("stages",))  # no spec and no model.tap_spec
+
+
+def test_bad_path_names_the_path(resnet20: nn.Module) -> None:
+    with pytest.raises(ConfigError, match="no module 'layer4'"):
+        Tapped(resnet20, TapSpec(stages=("layer1", "layer4")), want=("stages",))
+    with pytest.raises(ConfigError, match="no module 'head' for tap 'embedding'"):
+        Tapped(resnet20, TapSpec(embedding="head"), want=("embedding",))
+    with pytest.raises(ConfigError, match="unknown tap 'stage'"):
+        Tapped(resnet20, want=("stage",))
+    assert hook_count(resnet20) == 0
+
+
+def test_spec_from_dict_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown key model.taps.stage"):
+        TapSpec.from_dict({"stage": ["layer1"]})
+    with pytest.raises(ConfigError, match="model.taps.stages must be"):
+        TapSpec.from_dict({"stages": 3})
+
+
+def test_module_that_did_not_run() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+            self.unused = nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    model = Net()
+    with pytest.raises(ConfigError, match="'unused' named in model.taps.stages did not run"):
+        Tapped(model, TapSpec(stages=("unused",)), want=("stages",))(torch.randn(1, 3))
+
+
+def test_taps_resolve_through_wrapper() -> None:
+    model = build_model("resnet8", (3, 16, 16), 10)
+    wrapped = Wrapper(Wrapper(model))
+    assert unwrap(wrapped) is model
+    taps = Tapped(wrapped, want=ALL)(torch.randn(2, 3, 16, 16))
+    assert len(taps.stages) == 3 and taps.embedding.shape == (2, 64)
+    assert taps.logits.shape == (2, 10)
+
+
+def test_model_with_a_module_attribute_is_not_unwrapped() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = nn.Linear(4, 4)
+            self.head = nn.Linear(4, 2)
+
+    net = Net()
+    assert unwrap(net) is net
+
+
+def test_gradients_flow_through_taps() -> None:
+    model = build_model("resnet8", (3, 16, 16), 10)
+    taps = Tapped(model, want=ALL)(torch.randn(2, 3, 16, 16))
+    loss = sum(t.pow(2).mean() for t in taps.stages) + taps.stages_pre[0].mean()
+    loss.backward()
+    assert model.conv1.weight.grad is not None and model.conv1.weight.grad.abs().sum() > 0
+    assert model.layer3[0].conv1.weight.grad.abs().sum() > 0
+    assert model.fc.weight.grad is None  # stage losses do not reach the classifier
+    model.zero_grad()
+    taps = Tapped(model, want=("embedding",))(torch.randn(2, 3, 16, 16))
+    taps.embedding.sum().backward()
+    assert model.layer1[0].conv1.weight.grad.abs().sum() > 0

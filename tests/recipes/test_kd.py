@@ -1,0 +1,71 @@
+import json
+
+import pytest
+import torch
+
+from teachkit.errors import CheckpointError, ConfigError
+from teachkit.recipes import distill, load_model, train_model
+
+
+def test_distill_trains_teacher_in_command_and_keeps_it_frozen(tiny):
+    cfg = tiny(name="kd", data={"train_subset": 60}, train={"epochs": 2, "progress": False})
+    result = distill(cfg)
+    teacher_dir = result.run_dir / "teacher"
+    assert (teacher_dir / "summary.json").is_file()
+    teacher_summary = json.loads((teacher_dir / "summary.json").read_text())
+    # the teacher saw the full train split (240 - 10% val = 216), the student only its 60-image subset
+    teacher_metrics = json.loads((teacher_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert teacher_metrics["images_per_s"] > 0 and teacher_summary["epochs"] == 2
+    before, _ = load_model(teacher_dir)
+    # distilling again from the saved teacher does not change its weights on disk
+    again = distill(tiny(name="kd2", data={"train_subset": 60}, teacher={"checkpoint": str(teacher_dir)}))
+    after, _ = load_model(teacher_dir)
+    for a, b in zip(before.state_dict().values(), after.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    terms = json.loads((again.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["train"]
+    assert set(terms) == {"ce", "kd", "loss"}
+
+
+def test_teacher_gets_no_gradient_and_stays_in_eval(tiny, monkeypatch):
+    import teachkit.recipes.kd as kd
+
+    seen = {}
+    real = kd.FrozenTeacher
+
+    class Spy(real):
+        def forward(self, x):
+            seen["training"] = self.module.training
+            out = super().forward(x)
+            seen["requires_grad"] = out.requires_grad
+            return out
+
+    monkeypatch.setattr(kd, "FrozenTeacher", Spy)
+    distill(tiny(name="spy", model={"name": "mlp", "options": {"hidden": [8], "dropout": 0.5}},
+                 teacher={"model": {"name": "mlp", "options": {"hidden": [8], "dropout": 0.5}}, "epochs": 1}))
+    assert seen == {"training": False, "requires_grad": False}
+
+
+def test_class_count_mismatch_is_refused(tiny):
+    teacher = train_model(tiny(name="t4"))
+    cfg = tiny(name="s3", data={"options": {"shape": [1, 8, 8], "num_classes": 3, "n_train": 240, "n_test": 60}},
+               teacher={"checkpoint": str(teacher.run_dir)})
+    with pytest.raises(ConfigError, match="teacher has 4 classes but dataset 'synthetic'.* has 3"):
+        distill(cfg)
+
+
+def test_missing_teacher_checkpoint(tiny, tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        distill(tiny(teacher={"checkpoint": str(tmp_path / "nowhere")}))
+
+
+def test_run_folder_is_never_overwritten(tiny):
+    cfg = tiny(name="once")
+    train_model(cfg)
+    with pytest.raises(ConfigError, match="already exists; pass --resume"):
+        train_model(cfg)
+
+
+def test_resume_with_different_config_is_refused(tiny):
+    train_model(tiny(name="r"))
+    with pytest.raises(ConfigError, match=r"cannot resume .*optim.lr=0.05, not 0.1"):
+        train_model(tiny(name="r", optim={"lr": 0.1}), resume=True)

@@ -1,0 +1,111 @@
+"""End-to-end CLI runs on tiny synthetic data, and the bad-input contract: one line, exit 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from teachkit.cli import main
+from tests.conftest import tiny_config
+
+
+def write_cfg(tmp_path, **sections):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, **sections)))
+    return path
+
+
+def run_cli(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "teachkit.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_train_distill_eval_end_to_end(tmp_path):
+    cfg = write_cfg(tmp_path)
+    proc = run_cli("train", str(cfg), "name=teacher", "train.loss=mse", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "train finished" in proc.stdout
+    teacher = tmp_path / "runs" / "teacher"
+    proc = run_cli("distill", str(cfg), "name=student", f"teacher.checkpoint={teacher}", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("eval", str(tmp_path / "runs" / "student"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    summary = json.loads((tmp_path / "runs" / "student" / "summary.json").read_text())
+    assert out["acc"] == pytest.approx(summary["test_acc"], abs=1e-6)
+
+
+def test_user_error_has_no_traceback(tmp_path):
+    cfg = write_cfg(tmp_path)
+    proc = run_cli("train", str(cfg), "model.name=resnet2O")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "unknown model 'resnet2O'" in proc.stderr
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["model.name=resnet2O"], "unknown model 'resnet2O'"),
+    (["data.name=cifar1O"], "unknown dataset 'cifar1O'"),
+    (["train.loss=msee"], "unknown loss 'msee'"),
+    (["kd.method=kdd"], "unknown distillation loss 'kdd'"),
+    (["optim.lr=-1"], "optim.lr=-1.0 is out of range"),
+    (["train.epochs=0"], "train.epochs=0 is out of range"),
+    (["data.batch_size=0"], "data.batch_size=0 is out of range"),
+    (["kd.temperature=-2"], "kd.temperature=-2.0 is out of range"),
+    (["kd.alpha=2"], "kd.alpha=2.0 is out of range"),
+    (["model.name=resnet20", "model.options={}", "data.options.shape=[1, 40]"], "model 'resnet20' needs input"),
+    (["model.name=resnet20"], "model 'resnet20' has no option 'hidden'"),
+])
+def test_bad_input_exit_2_one_line(tmp_path, capsys, overrides, match):
+    cfg = write_cfg(tmp_path)
+    command = "distill" if overrides[0].startswith("kd.") else "train"
+    code = main([command, str(cfg), *overrides, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert match in err and err.count("\n") == 1, err
+
+
+def test_missing_and_broken_config_and_checkpoint(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "none.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [\n")
+    assert main(["train", str(bad)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nothing.safetensors")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_truncated_checkpoint_and_wrong_hash(tmp_path, capsys):
+    cfg = write_cfg(tmp_path)
+    assert main(["train", str(cfg), "name=t", "--quiet"]) == 0
+    ckpt = tmp_path / "runs" / "t" / "checkpoints" / "last.safetensors"
+    data = ckpt.read_bytes()
+    ckpt.write_bytes(data[:-10])
+    capsys.readouterr()
+    assert main(["eval", str(ckpt)]) == 2
+    assert "sha256" in capsys.readouterr().err
+    assert main(["distill", str(cfg), "name=s", f"teacher.checkpoint={ckpt}", "--quiet"]) == 2
+    assert "sha256" in capsys.readouterr().err
+
+
+def test_resume_into_other_config_and_existing_folder(tmp_path, capsys):
+    cfg = write_cfg(tmp_path)
+    assert main(["train", str(cfg), "name=r", "--quiet"]) == 0
+    assert main(["train", str(cfg), "name=r", "--quiet"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["train", str(cfg), "name=r", "optim.lr=0.2", "--resume", "--quiet"]) == 2
+    assert "cannot resume" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "r" / "checkpoints" / "last.safetensors").is_file()  # nothing lost
+
+
+def test_list_shows_every_registry(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("resnet20", "resnet110", "mlp", "lenet", "cnn1d", "digits", "mnist5k", "cifar100", "synthetic",
+                 "ce", "mse", "mse-logits", "kd", "train"):
+        assert f"  {name} " in out, name
