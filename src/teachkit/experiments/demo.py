@@ -44,11 +44,11 @@ class DemoSetting:
 
 SETTINGS: dict[str, DemoSetting] = {
     "mnist5k": DemoSetting(teacher={"name": "lenet"}, student={"name": "mlp", "options": {"hidden": [100]}},
-                           teacher_epochs=15, student_epochs=30, train_subset=500, seeds=5),
+                           teacher_epochs=15, student_epochs=30, train_subset=500, seeds=10),
     "digits": DemoSetting(teacher={"name": "lenet"}, student={"name": "mlp", "options": {"hidden": [32]}},
-                          teacher_epochs=20, student_epochs=30, train_subset=200, seeds=5),
+                          teacher_epochs=20, student_epochs=30, train_subset=200, seeds=10),
     "mnist1d": DemoSetting(teacher={"name": "cnn1d"}, student={"name": "mlp", "options": {"hidden": [100]}},
-                           teacher_epochs=30, student_epochs=40, train_subset=1000, seeds=5),
+                           teacher_epochs=30, student_epochs=40, train_subset=1000, seeds=10),
 }
 
 METHODS = ("no KD", "KD from CE teacher", "KD from MSE teacher")
@@ -90,7 +90,7 @@ def run_demo(data: str = "mnist5k", seeds: int | None = None, out: str = "runs/d
     teacher_splits = load_data(with_changes(cfg, data={"train_subset": None}).data, device)
     student_splits = load_data(cfg.data, device)
     total = 2 + 3 * n_seeds
-    print(f"teachkit demo on {data}: teachers {s.teacher['name']} on {len(teacher_splits.train)} training images "
+    print(f"teachkit demo on {data}: teachers {s.teacher['name']} on {len(teacher_splits.train)} training examples "
           f"(CE and MSE); students {s.student['name']} on a stratified subset of {len(student_splits.train)}; "
           f"val {len(student_splits.val)}, test {len(student_splits.test)}; {n_seeds} seeds; {total} runs -> {out_dir}")
     bar = tqdm(total=total, desc="demo runs", dynamic_ncols=True)
@@ -144,7 +144,7 @@ def summarize(data: str, s: DemoSetting, n_seeds: int, teachers: dict, rows: dic
 
 
 def render(r: dict) -> str:
-    lines = [f"## teachkit demo: {r['dataset']} ({r['seeds']} seeds; teachers on {r['teacher_train_size']} images, "
+    lines = [f"## teachkit demo: {r['dataset']} ({r['seeds']} seeds; teachers on {r['teacher_train_size']} examples, "
              f"students on {r['student_train_size']})", "",
              "| model | val acc % (last epoch) | test acc % (last epoch) | test % at best val epoch "
              "| test diff vs no KD [95% CI] | wall s |", "|---|---|---|---|---|---|"]
