@@ -109,3 +109,22 @@ def test_list_shows_every_registry(capsys):
     for name in ("resnet20", "resnet110", "mlp", "lenet", "cnn1d", "digits", "mnist5k", "cifar100", "synthetic",
                  "ce", "mse", "mse-logits", "kd", "train"):
         assert f"  {name} " in out, name
+
+
+def test_missing_dataset_files_one_line(tmp_path, capsys):
+    cfg = write_cfg(tmp_path)
+    code = main(["train", str(cfg), "data.name=cifar10", f"data.root={tmp_path}", "data.options={}",
+                 "model.name=resnet8", "model.options={}", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "cifar-10" in err and "https://www.cs.toronto.edu/~kriz/cifar.html" in err
+
+
+def test_eval_best_checkpoint_on_val(tmp_path, capsys):
+    cfg = write_cfg(tmp_path)
+    assert main(["train", str(cfg), "name=e", "train.epochs=3", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "runs" / "e"), "--select", "best", "--split", "val"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    summary = json.loads((tmp_path / "runs" / "e" / "summary.json").read_text())
+    assert out["split"] == "val" and out["acc"] == pytest.approx(summary["best_val_acc"], abs=1e-6)

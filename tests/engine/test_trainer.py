@@ -82,3 +82,24 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny, tmp_path):
     assert state["epoch"] == 2
     assert all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point())
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_tensorboard_events_or_clear_error(tiny):
+    from teachkit.errors import ConfigError
+
+    cfg = tiny(name="tb", train={"epochs": 1, "progress": False, "tensorboard": True})
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match=r"pip install 'teachkit\[tensorboard\]'"):
+            train_model(cfg)
+    else:
+        result = train_model(cfg)
+        assert list((result.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_progress_bar_and_epoch_lines(tiny, capsys):
+    train_model(tiny(name="bar", train={"epochs": 2, "progress": True}))
+    err_out = capsys.readouterr()
+    text = err_out.out + err_out.err
+    assert "bar epoch 2/2" in text and "val" in text and "img/s" in text
