@@ -88,11 +88,19 @@ class TrainConfig:
 
 @dataclass
 class KDConfig:
-    """Hinton et al. 2015 KD: (1 - alpha) CE + alpha T^2 KL(p_t^T || p_s^T)."""
+    """Student loss = ce_weight * CE + sum_m gamma_m * L_m (ECCV 2024 supplement Eq. 24).
 
-    method: str = "kd"
+    ``method`` is one distillation loss or a list (``[crd, kd]``); ``gamma`` overrides the paper's
+    weights by method; ``alpha`` is Hinton KD's weight (with CE at 1 - alpha when KD is alone) and
+    ``temperature`` its T; ``options`` passes per-method options (``{crd: {feat_dim: 128}}``).
+    """
+
+    method: str | list[str] = "kd"
     alpha: float = _f(0.9, ge=0.0, le=1.0)
     temperature: float = _f(4.0, gt=0.0)
+    gamma: dict[str, Any] = _f(factory=dict)
+    ce_weight: float | None = _f(None, ge=0.0)
+    options: dict[str, Any] = _f(factory=dict)
 
 
 @dataclass

@@ -4,43 +4,64 @@ import pytest
 import torch
 
 from teachkit.data.base import Batch
-from teachkit.losses import LOSSES, Progress
+from teachkit.errors import ConfigError
+from teachkit.losses import LOSSES, Progress, build_distiller
 from teachkit.losses.kd import HintonKD, kd_kl
 from teachkit.models.taps import Taps
 
+P = Progress(0, 0, 1, 1)
+KL_QUARTER = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # KL([1/4, 3/4] || [1/2, 1/2])
+
 
 def test_kd_kl_hand_computed():
-    # T = 1: p_t = softmax([0, ln 3]) = [1/4, 3/4]; p_s = [1/2, 1/2]
-    # KL = 1/4 ln(1/2) + 3/4 ln(3/2)
     zs = torch.zeros(1, 2)
     zt = torch.tensor([[0.0, math.log(3)]])
-    expected = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
-    assert kd_kl(zs, zt, 1.0).item() == pytest.approx(expected, abs=1e-6)
+    assert kd_kl(zs, zt, 1.0).item() == pytest.approx(KL_QUARTER, abs=1e-6)
 
 
 def test_kd_temperature_scaling_and_batchmean():
-    # T = 2 scales logits by 1/2 and multiplies by T^2 = 4; a batch of two identical rows keeps the value.
+    # T = 2 divides the logits by 2 and multiplies by T^2 = 4; two identical rows keep the value (batchmean)
     zs = torch.zeros(2, 2)
     zt = torch.tensor([[0.0, 2 * math.log(3)]] * 2)
-    expected = 4 * (0.25 * math.log(0.5) + 0.75 * math.log(1.5))
-    assert kd_kl(zs, zt, 2.0).item() == pytest.approx(expected, abs=1e-6)
+    assert kd_kl(zs, zt, 2.0).item() == pytest.approx(4 * KL_QUARTER, abs=1e-6)
 
 
-def test_hinton_kd_terms_weighted():
+def test_distiller_hinton_weights_ce_and_kd():
     zs = torch.zeros(1, 2, requires_grad=True)
     zt = torch.tensor([[0.0, math.log(3)]])
     batch = Batch(torch.zeros(1, 1), torch.tensor([1]), torch.tensor([0]))
-    loss = HintonKD(alpha=0.9, temperature=1.0)
-    terms = loss(Taps(zs), Taps(zt), batch, Progress(0, 0, 1, 1))
+    d = build_distiller("kd", Taps(zs), Taps(zt), num_classes=2, num_samples=1, alpha=0.9, temperature=1.0)
+    terms = d(Taps(zs), Taps(zt), batch, P)
     assert terms["ce"].item() == pytest.approx(0.1 * math.log(2), abs=1e-6)
-    assert terms["kd"].item() == pytest.approx(0.9 * (0.25 * math.log(0.5) + 0.75 * math.log(1.5)), abs=1e-6)
+    assert terms["kd"].item() == pytest.approx(0.9 * KL_QUARTER, abs=1e-6)
     sum(terms.values()).backward()
     assert zs.grad is not None and zt.grad is None
 
 
-def test_alpha_extremes_drop_terms():
+def test_alpha_extremes_and_ce_weight_override():
     taps = Taps(torch.zeros(1, 3))
     batch = Batch(torch.zeros(1, 1), torch.tensor([0]), torch.tensor([0]))
-    assert set(HintonKD(alpha=1.0)(taps, taps, batch, Progress(0, 0, 1, 1))) == {"kd"}
-    assert set(HintonKD(alpha=0.0)(taps, taps, batch, Progress(0, 0, 1, 1))) == {"ce"}
+    only_kd = build_distiller("kd", taps, taps, num_classes=3, num_samples=1, alpha=1.0)
+    assert set(only_kd(taps, taps, batch, P)) == {"kd"}
+    only_ce = build_distiller("kd", taps, taps, num_classes=3, num_samples=1, alpha=0.0)
+    assert set(only_ce(taps, taps, batch, P)) == {"ce"}
+    custom = build_distiller("kd", taps, taps, num_classes=3, num_samples=1, ce_weight=1.0)
+    assert custom.ce_weight == 1.0 and custom.weights == {"kd": 0.9}
+
+
+def test_gamma_validation_and_options():
+    taps = Taps(torch.zeros(1, 3))
+    kw = {"num_classes": 3, "num_samples": 1}
+    with pytest.raises(ConfigError, match=r"kd.gamma.kd=-1 is not allowed: must be a finite number >= 0"):
+        build_distiller("kd", taps, taps, gamma={"kd": -1}, **kw)
+    with pytest.raises(ConfigError, match="kd.gamma.kd=inf"):
+        build_distiller("kd", taps, taps, gamma={"kd": float("inf")}, **kw)
+    with pytest.raises(ConfigError, match="kd.gamma.at names a method that is not in"):
+        build_distiller("kd", taps, taps, gamma={"at": 1}, **kw)
+    with pytest.raises(ConfigError, match=r"kd.options.kd.temp is not an option of 'kd' \(did you mean 'temperature'"):
+        build_distiller("kd", taps, taps, options={"kd": {"temp": 2}}, **kw)
+    with pytest.raises(ConfigError, match="unknown distillation loss 'kdd'"):
+        build_distiller(["kdd"], taps, taps, **kw)
+    d = build_distiller("kd", taps, taps, options={"kd": {"temperature": 2.0}}, **kw)
+    assert isinstance(d.methods["kd"], HintonKD) and d.methods["kd"].temperature == 2.0
     assert "kd" in LOSSES

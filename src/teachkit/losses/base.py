@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from teachkit.data.base import Batch
+from teachkit.errors import ConfigError
 from teachkit.models.taps import Taps
+from teachkit.registry import closest
 
 
 @dataclass(frozen=True)
@@ -24,20 +27,48 @@ class Progress:
     def fraction(self) -> float:
         return (self.epoch * self.steps_per_epoch + self.step) / max(1, self.epochs * self.steps_per_epoch)
 
+    @property
+    def epoch_float(self) -> float:
+        """Epochs done, fractional (epoch 2, half way -> 2.5): for per-step warm-ups."""
+        return self.epoch + self.step / max(1, self.steps_per_epoch)
+
 
 class DistillLoss(nn.Module):
-    """A distillation objective comparing student and teacher taps.
+    """One distillation objective comparing student and teacher taps (uniform interface).
 
-    Subclasses set ``needs`` (the taps they read) and implement
-    ``forward(student, teacher, batch, progress) -> dict[str, Tensor]`` of *weighted* named terms
-    that the engine sums. Trainable auxiliary modules (regressors, embeddings) are submodules built
-    in ``__init__`` from probed taps of one dummy batch, and train and checkpoint with the student.
+    Subclasses set ``needs`` (the taps they read: "logits", "embedding", "stages", "stages_pre"),
+    ``default_weight`` (the paper's gamma in  L = CE + gamma * L_distill) and implement
+    ``forward(student, teacher, batch, progress) -> dict[str, Tensor]`` of *unweighted* named terms
+    (the :class:`~teachkit.losses.distiller.Distiller` multiplies them by gamma). Trainable auxiliary
+    modules (regressors, embeddings, memory banks) are built in ``__init__`` from the probed taps of a
+    dummy batch -- never from hand-written shapes -- and train, save and resume with the student.
+
+    ``__init__(student, teacher, *, num_classes, num_samples, **options)``: ``student``/``teacher``
+    are probed :class:`Taps` (batch of 2, eval mode, no grad), ``num_samples`` the size of the
+    student's training split (memory banks indexed by ``batch.index``).
     """
 
     needs: ClassVar[tuple[str, ...]] = ("logits",)
+    default_weight: ClassVar[float] = 1.0
 
-    def __init__(self, student_probe: Taps | None = None, teacher_probe: Taps | None = None) -> None:
+    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int, num_samples: int) -> None:
         super().__init__()
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         raise NotImplementedError
+
+
+def option_names(cls: type) -> list[str]:
+    """The keyword options a DistillLoss accepts beyond the probes, num_classes and num_samples."""
+    fixed = {"self", "student", "teacher", "num_classes", "num_samples"}
+    return [p.name for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name not in fixed and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def check_options(method: str, cls: type, options: dict[str, Any]) -> None:
+    """Unknown option names for ``method`` as a one-line ConfigError naming the allowed ones."""
+    allowed = option_names(cls)
+    for key in options:
+        if key not in allowed:
+            raise ConfigError(f"kd.options.{method}.{key} is not an option of {method!r}{closest(key, allowed)}; "
+                              f"allowed: {', '.join(allowed) or 'none'}")

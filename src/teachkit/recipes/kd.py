@@ -12,6 +12,7 @@ from teachkit.config import RunConfig
 from teachkit.data.base import Splits
 from teachkit.engine.trainer import fit
 from teachkit.losses import LOSSES
+from teachkit.losses.distiller import Distiller, as_method_list, build_distiller
 from teachkit.models import Tapped
 from teachkit.recipes.common import (
     FrozenTeacher,
@@ -49,19 +50,25 @@ def obtain_teacher(cfg: RunConfig, run_dir: Path, resume: bool, device: torch.de
     return load_model(teacher_dir, cfg.teacher.select, device)
 
 
-def build_distill_loss(cfg: RunConfig, student: nn.Module, teacher: nn.Module, splits: Splits):
-    """The distillation loss named by ``kd.method``, built from probed taps of one dummy batch."""
-    loss_cls = LOSSES.get(cfg.kd.method)
-    s_tap, t_tap = Tapped(student, want=loss_cls.needs), Tapped(teacher, want=loss_cls.needs)
+def build_distill_loss(cfg: RunConfig, student: nn.Module, teacher: nn.Module,
+                       splits: Splits) -> tuple[Distiller, Tapped, Tapped]:
+    """The Distiller for ``kd.method``, built from probed taps of one dummy batch (2 samples, eval mode)."""
+    names = as_method_list(cfg.kd.method)
+    needs = {"logits"}
+    for name in names:
+        needs.update(LOSSES.get(name).needs)
+    s_tap, t_tap = Tapped(student, want=needs), Tapped(teacher, want=needs)
     probe = splits.train.x[:2]
     with torch.no_grad():
         was = student.training
         student.eval()
         s_probe, t_probe = s_tap(probe), t_tap(probe)
         student.train(was)
-    loss = loss_cls(alpha=cfg.kd.alpha, temperature=cfg.kd.temperature,
-                    student_probe=s_probe, teacher_probe=t_probe).to(probe.device)
-    return loss, s_tap, t_tap
+    k = cfg.kd
+    distiller = build_distiller(names, s_probe, t_probe, num_classes=splits.num_classes,
+                                num_samples=len(splits.train), alpha=k.alpha, temperature=k.temperature,
+                                gamma=k.gamma, options=k.options, ce_weight=k.ce_weight)
+    return distiller.to(probe.device), s_tap, t_tap
 
 
 @RECIPES.register("kd", "two-stage KD: frozen teacher (checkpoint or trained first), then the student")
@@ -83,7 +90,7 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         s_out = s_tap(batch.x)
         return loss(s_out, t_out, batch, progress), s_out.logits
 
-    meta = model_meta(cfg, splits, cfg.kd.method)
+    meta = model_meta(cfg, splits, "+".join(as_method_list(cfg.kd.method)))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "val_acc": teacher_state.get("val_acc"),
                        "test_acc": teacher_state.get("test_acc"), "loss": teacher_state.get("loss")}
     result = fit(student, step, splits, cfg, run_dir, extra=loss, meta=meta, resume=resume, desc=cfg.name)
