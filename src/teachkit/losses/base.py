@@ -50,9 +50,21 @@ class DistillLoss(nn.Module):
 
     needs: ClassVar[tuple[str, ...]] = ("logits",)
     default_weight: ClassVar[float] = 1.0
+    #: True when the method computes its own label loss (the Distiller then adds no CE term).
+    replaces_ce: ClassVar[bool] = False
 
     def __init__(self, student: Taps, teacher: Taps, *, num_classes: int, num_samples: int) -> None:
         super().__init__()
+
+    def transform_batch(self, batch: Batch) -> Batch:
+        """The batch both models see (HSAKD: each image with its 4 rotations). Default: unchanged.
+
+        The original samples must stay first (rows 0..B-1): the engine's train accuracy reads them."""
+        return batch
+
+    def prepare_teacher(self, teacher: nn.Module, splits: Any, cfg: Any, run_dir: Any) -> None:
+        """A recipe step run once before the student trains (HSAKD: fit the teacher's auxiliary heads
+        with its backbone frozen). ``teacher`` is the frozen, tapped teacher. Default: nothing."""
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         raise NotImplementedError

@@ -41,9 +41,18 @@ class Distiller(nn.Module):
             taps.update(m.needs)
         return tuple(sorted(taps))
 
+    def transform_batch(self, batch: Batch) -> Batch:
+        for method in self.methods.values():
+            batch = method.transform_batch(batch)
+        return batch
+
+    def prepare_teacher(self, teacher: nn.Module, splits: Any, cfg: Any, run_dir: Any) -> None:
+        for method in self.methods.values():
+            method.prepare_teacher(teacher, splits, cfg, run_dir)
+
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         terms: dict[str, Tensor] = {}
-        if self.ce_weight > 0:
+        if self.ce_weight > 0 and not any(m.replaces_ce for m in self.methods.values()):
             terms["ce"] = self.ce_weight * F.cross_entropy(student.logits.float(), batch.y)
         for name, method in self.methods.items():
             weight = self.weights[name]

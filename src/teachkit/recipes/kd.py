@@ -84,11 +84,14 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     student = make_model(cfg.model, splits, device)
     loss, s_tap, t_tap = build_distill_loss(cfg, student, teacher, splits)
+    loss.prepare_teacher(t_tap, splits, cfg, run_dir)
 
     def step(batch, progress):
+        n = batch.y.shape[0]
+        batch = loss.transform_batch(batch)  # keeps the original samples first
         t_out = t_tap(batch.x)
         s_out = s_tap(batch.x)
-        return loss(s_out, t_out, batch, progress), s_out.logits
+        return loss(s_out, t_out, batch, progress), s_out.logits[:n]
 
     meta = model_meta(cfg, splits, "+".join(as_method_list(cfg.kd.method)))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "val_acc": teacher_state.get("val_acc"),
