@@ -53,6 +53,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{args.command} finished: {result.run_dir}  val {s['val_acc']:.2f}%  test {s['test_acc']:.2f}%  "
               f"(best val {s['best_val_acc']:.2f}% at epoch {s['best_epoch']}, "
               f"test there {s['test_acc_at_best']:.2f}%)  {s['wall_time_s']:.1f}s")
+        if "test_acc_omitted" in s:
+            print(f"zero/few-shot: test accuracy on omitted classes {s['test_acc_omitted']:.2f}%, "
+                  f"on kept classes {s['test_acc_kept']:.2f}%")
         return 0
     if args.command == "eval":
         from teachkit.config import DataConfig, from_dict

@@ -37,6 +37,8 @@ class DataConfig:
     val_fraction: float = _f(0.1, gt=0.0, lt=1.0)
     split_seed: int = 0
     train_subset: int | None = _f(None, ge=1)
+    omit_classes: list[int] = _f(factory=list)
+    few_shot: int = _f(0, ge=0)
     augment: Literal["auto", "none", "crop", "flip", "crop_flip"] = "auto"
     batch_size: int = _f(128, ge=1)
     eval_batch_size: int = _f(1000, ge=1)

@@ -69,3 +69,14 @@ def test_resume_with_different_config_is_refused(tiny):
     train_model(tiny(name="r"))
     with pytest.raises(ConfigError, match=r"cannot resume .*optim.lr=0.05, not 0.1"):
         train_model(tiny(name="r", optim={"lr": 0.1}), resume=True)
+
+
+def test_zero_shot_student_reports_omitted_and_kept_accuracy(tiny):
+    result = distill(tiny(name="zs", data={"omit_classes": [2]}, train={"epochs": 2, "progress": False}))
+    s = result.summary
+    assert 0 <= s["test_acc_omitted"] <= 100 and 0 <= s["test_acc_kept"] <= 100
+    # the teacher trained in-command saw every class, the student did not
+    teacher_cfg = (result.run_dir / "teacher" / "config.yaml").read_text()
+    assert "omit_classes: []" in teacher_cfg
+    record = json.loads((result.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "acc_omitted" in record["val"] and "acc_kept" in record["test"]

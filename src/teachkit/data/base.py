@@ -39,6 +39,7 @@ class Splits:
     selection and early stopping read it, never ``test``. ``image`` says whether spatial
     augmentation (pad-crop, flip) makes sense for this data. ``mean`` / ``std`` (shape (C,), channel =
     dim 1 of ``x``) are the statistics every split was normalised with; ``None`` when not normalised.
+    ``omitted`` lists classes removed from ``train`` only (zero-/few-shot KD).
     """
 
     name: str
@@ -50,6 +51,8 @@ class Splits:
     default_augment: str = "none"
     mean: Tensor | None = None
     std: Tensor | None = None
+    #: classes left out of ``train`` (zero-/few-shot KD); val and test keep them
+    omitted: tuple[int, ...] = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -115,9 +115,40 @@ def normalise(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     return x.float().sub(mean.to(x.device).view(shape)).div_(std.to(x.device).view(shape))
 
 
+def omit_from_transfer_set(train: TensorSplit, omit_classes: list[int], few_shot: int, num_classes: int,
+                           generator: torch.Generator, name: str) -> TensorSplit:
+    """Drop ``omit_classes`` from the training split, keeping ``few_shot`` random examples of each.
+
+    Zero-shot (``few_shot=0``) and few-shot KD (ECCV 2024 Sec. 5, after Hinton et al. 2015's omitted
+    digit): the student's transfer set lacks these classes; evaluation still covers all of them.
+    """
+    for c in omit_classes:
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < num_classes:
+            raise ConfigError(f"data.omit_classes contains {c!r} but dataset {name!r} has classes "
+                              f"0..{num_classes - 1}")
+    if isinstance(few_shot, bool) or not isinstance(few_shot, int) or few_shot < 0:
+        raise ConfigError(f"data.few_shot={few_shot!r} is not allowed: must be an integer >= 0")
+    omitted = torch.zeros(num_classes, dtype=torch.bool)
+    omitted[list(omit_classes)] = True
+    keep = ~omitted[train.y.cpu()]
+    for c in omit_classes:
+        idx = (train.y.cpu() == c).nonzero().flatten()
+        if few_shot > len(idx):
+            raise ConfigError(f"data.few_shot={few_shot} but class {c} has only {len(idx)} training examples")
+        keep[idx[torch.randperm(len(idx), generator=generator)[:few_shot]]] = True
+    if not keep.any():
+        raise ConfigError("data.omit_classes leaves no training examples")
+    return train.subset(keep.nonzero().flatten())
+
+
 def load_splits(name: str, root: str | None = None, val_fraction: float = 0.1, split_seed: int = 0,
-                train_subset: int | None = None, options: dict[str, Any] | None = None) -> Splits:
-    """Dataset ``name`` as normalised train / val / test splits (see the module docstring)."""
+                train_subset: int | None = None, options: dict[str, Any] | None = None,
+                omit_classes: list[int] | tuple[int, ...] = (), few_shot: int = 0) -> Splits:
+    """Dataset ``name`` as normalised train / val / test splits (see the module docstring).
+
+    ``omit_classes`` / ``few_shot`` remove classes from the training split only (keeping ``few_shot``
+    examples of each), after ``train_subset``; val and test keep every class.
+    """
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) \
             or not 0 < val_fraction < 1:
         raise ConfigError(f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}")
@@ -154,7 +185,11 @@ def load_splits(name: str, root: str | None = None, val_fraction: float = 0.1, s
             raise ConfigError(f"train_subset={train_subset} is out of range: the {name!r} train split holds "
                               f"{len(train)} samples, so choose 1..{len(train)}")
         train = train.subset(stratified_subset(train.y, k, train_subset, g))
+    if omit_classes:
+        train = omit_from_transfer_set(train, list(omit_classes), few_shot, k, g, name)
+    elif few_shot:
+        raise ConfigError(f"data.few_shot={few_shot} needs data.omit_classes (the classes to keep {few_shot} of)")
 
     splits = [TensorSplit(normalise(s.x, mean, std), s.y) for s in (train, val, test)]
     return Splits(name, *splits, num_classes=k, image=image, default_augment=default_augment,
-                  mean=mean, std=std)
+                  mean=mean, std=std, omitted=tuple(sorted(set(omit_classes))))

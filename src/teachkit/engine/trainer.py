@@ -176,8 +176,8 @@ def fit(
         epoch_time = time.perf_counter() - t_epoch
         train_time += epoch_time
         samples_seen += seen
-        val = evaluate(model, splits.val, cfg.data.eval_batch_size)
-        test = evaluate(model, splits.test, cfg.data.eval_batch_size)
+        val = evaluate(model, splits.val, cfg.data.eval_batch_size, splits.omitted)
+        test = evaluate(model, splits.test, cfg.data.eval_batch_size, splits.omitted)
         record = {"epoch": epoch + 1, "lr": lr, "train": {k: v / seen for k, v in sums.items()},
                   "train_acc": 100 * correct / seen, "val": val, "test": test,
                   "epoch_time_s": epoch_time, "images_per_s": seen / max(1e-9, epoch_time)}
@@ -215,6 +215,7 @@ def fit(
         "best_epoch": best["epoch"],
         "best_val_acc": best["val_acc"],
         "test_acc_at_best": best.get("test_acc", float("nan")),
+        **{f"test_{k}": v for k, v in last["test"].items() if k in ("acc_omitted", "acc_kept", "top5")},
         "wall_time_s": wall_before + time.perf_counter() - t_start,
         "images_per_s": samples_seen / train_time if train_time else float("nan"),
     }

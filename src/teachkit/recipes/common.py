@@ -44,9 +44,11 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
 
 
 def load_data(data: DataConfig, device: torch.device, subset: bool = True) -> Splits:
-    """The dataset's splits on ``device``; ``subset=False`` ignores ``data.train_subset`` (teachers)."""
+    """The dataset's splits on ``device``. ``subset=False`` (teachers) ignores the student's transfer-set
+    options ``data.train_subset``, ``omit_classes`` and ``few_shot``."""
     splits = load_splits(data.name, root=data.root, val_fraction=data.val_fraction, split_seed=data.split_seed,
-                         train_subset=data.train_subset if subset else None, options=data.options)
+                         train_subset=data.train_subset if subset else None, options=data.options,
+                         omit_classes=data.omit_classes if subset else (), few_shot=data.few_shot if subset else 0)
     return splits.to(device)
 
 

@@ -36,7 +36,7 @@ def teacher_config(cfg: RunConfig) -> RunConfig:
     t = cfg.teacher
     return with_changes(cfg, name=f"{cfg.name}/teacher", model=t.model, optim=t.optim,
                         train={"epochs": t.epochs, "loss": t.loss, "save_every": 0},
-                        data={"train_subset": None})
+                        data={"train_subset": None, "omit_classes": [], "few_shot": 0})
 
 
 def obtain_teacher(cfg: RunConfig, run_dir: Path, resume: bool, device: torch.device) -> tuple[nn.Module, dict]:
