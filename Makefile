@@ -22,11 +22,11 @@ demo: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/teachkit demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py

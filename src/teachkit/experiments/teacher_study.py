@@ -1,0 +1,199 @@
+"""CE vs MSE teachers (ECCV 2024) across distillation methods, with paired seeds.
+
+Protocol: one CE and one MSE teacher train on the full training split; students learn from a fixed,
+stratified subset of it (the regime where distillation matters: the teacher has seen more data than
+the student). For every seed, the no-KD student and every (method, teacher) student share the init
+and the batch order (paired design), so paired differences isolate the method and the teacher.
+Selection uses the validation split carved from training data; test is only reported.
+``teachkit demo`` is this protocol with Hinton KD alone; ``benchmarks/mse_teacher_study.py`` runs
+every method.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from teachkit.config import RunConfig, from_dict
+from teachkit.errors import ConfigError
+from teachkit.experiments.stats import mean_std, paired_interval
+from teachkit.recipes import distill, train_model
+from teachkit.recipes.common import device_of, load_data, with_changes
+
+TEACHER_LOSSES = ("ce", "mse")
+
+
+@dataclass(frozen=True)
+class StudySetting:
+    """Models, data sizes and budgets of one study (chosen to fit the time on 2 CPU cores)."""
+
+    data: str
+    teacher: dict[str, Any]
+    student: dict[str, Any]
+    teacher_epochs: int
+    student_epochs: int
+    train_subset: int | None
+    seeds: int
+    lr: float = 0.05
+    batch_size: int = 64
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def quick(self) -> StudySetting:
+        return replace(self, teacher_epochs=2, student_epochs=2, seeds=min(self.seeds, 2))
+
+
+def base_config(s: StudySetting, out_dir: Path) -> RunConfig:
+    optim = {"name": "sgd", "lr": s.lr, "weight_decay": 5e-4, "schedule": "cosine"}
+    return from_dict({
+        "out_dir": str(out_dir),
+        "data": {"name": s.data, "train_subset": s.train_subset, "batch_size": s.batch_size, "options": s.options},
+        "model": s.student, "optim": optim, "train": {"epochs": s.student_epochs, "progress": False},
+        "teacher": {"model": s.teacher, "optim": optim, "epochs": s.teacher_epochs},
+    })
+
+
+def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int | None = None,
+              title: str = "teacher study") -> dict:
+    """Train the two teachers, then no-KD and every (method, teacher) student for each seed."""
+    n_seeds = s.seeds if seeds is None else seeds
+    if n_seeds < 1:
+        raise ConfigError(f"--seeds={n_seeds} is not allowed: must be >= 1")
+    out_dir = Path(out) / f"{s.data}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = base_config(s, out_dir)
+    device = device_of(cfg)
+    t0 = time.perf_counter()
+    teacher_splits = load_data(cfg.data, device, subset=False)
+    student_splits = load_data(cfg.data, device)
+    total = len(TEACHER_LOSSES) + n_seeds * (1 + len(methods) * len(TEACHER_LOSSES))
+    print(f"teachkit {title} on {s.data}: teachers {s.teacher['name']} on {len(teacher_splits.train)} training "
+          f"examples (CE and MSE); students {s.student['name']} on a stratified subset of "
+          f"{len(student_splits.train)}; val {len(student_splits.val)}, test {len(student_splits.test)}; "
+          f"methods {', '.join(methods)}; {n_seeds} seeds; {total} runs -> {out_dir}")
+    bar = tqdm(total=total, desc="runs", dynamic_ncols=True)
+    teachers = {}
+    for loss in TEACHER_LOSSES:
+        tcfg = with_changes(cfg, name=f"teacher-{loss}", model=cfg.teacher.model, optim=cfg.teacher.optim,
+                            train={"epochs": s.teacher_epochs, "loss": loss, "seed": 0},
+                            data={"train_subset": None})
+        teachers[loss] = train_model(tcfg, splits=teacher_splits).summary
+        bar.update(1)
+    students: dict[str, list[dict]] = {"none": []}
+    for seed in range(n_seeds):
+        student = with_changes(cfg, train={"seed": seed})
+        students["none"].append(train_model(with_changes(student, name=f"seed{seed}/no-kd"),
+                                            splits=student_splits).summary)
+        bar.update(1)
+        for method in methods:
+            for loss in TEACHER_LOSSES:
+                run = with_changes(student, name=f"seed{seed}/{method}-{loss}-teacher",
+                                   teacher={"checkpoint": str(out_dir / f"teacher-{loss}")},
+                                   kd={"method": method})
+                students.setdefault(f"{method}/{loss}", []).append(distill(run, splits=student_splits).summary)
+                bar.update(1)
+    bar.close()
+    results = {"title": title, "dataset": s.data, "seeds": n_seeds, "methods": methods,
+               "teacher_model": s.teacher["name"], "student_model": s.student["name"],
+               "teacher_train_size": len(teacher_splits.train), "student_train_size": len(student_splits.train),
+               "wall_time_s": time.perf_counter() - t0,
+               "teachers": {k: {key: v[key] for key in ("val_acc", "test_acc", "wall_time_s")}
+                            for k, v in teachers.items()},
+               "students": {k: summarize_runs(v, students["none"]) for k, v in students.items()}}
+    for method in methods:
+        ce, mse = students[f"{method}/ce"], students[f"{method}/mse"]
+        results["students"][f"{method}/mse"]["mse_minus_ce"] = paired_interval(
+            [r["test_acc"] for r in mse], [r["test_acc"] for r in ce])
+    text = render(results)
+    print(text)
+    (out_dir / "results.md").write_text(text + "\n")
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot_path = plot(results, out_dir / "results.png")
+    print(f"results: {out_dir / 'results.md'}" + (f", plot: {plot_path}" if plot_path else ""))
+    results["out_dir"] = str(out_dir)
+    return results
+
+
+def summarize_runs(runs: list[dict], baseline: list[dict]) -> dict:
+    test = [r["test_acc"] for r in runs]
+    entry = {"val_acc": [r["val_acc"] for r in runs], "test_acc": test,
+             "test_acc_at_best_val": [r["test_acc_at_best"] for r in runs],
+             "wall_time_s": sum(r["wall_time_s"] for r in runs)}
+    if runs is not baseline:
+        entry["diff_vs_no_kd"] = paired_interval(test, [r["test_acc"] for r in baseline])
+    return entry
+
+
+def _fmt(values: list[float]) -> str:
+    m, sd = mean_std(values)
+    return f"{m:.2f} +- {sd:.2f}"
+
+
+def _ci(triple: list[float] | tuple[float, float, float]) -> str:
+    m, lo, hi = triple
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def row_label(key: str) -> str:
+    if key == "none":
+        return "no KD"
+    method, loss = key.split("/")
+    return f"{method} from {loss.upper()} teacher"
+
+
+def render(r: dict) -> str:
+    lines = [f"## teachkit {r['title']}: {r['dataset']} ({r['seeds']} seeds; {r['teacher_model']} teachers on "
+             f"{r['teacher_train_size']} examples, {r['student_model']} students on {r['student_train_size']})", "",
+             "| model | val acc % (last epoch) | test acc % (last epoch) | test % at best val epoch "
+             "| test diff vs no KD [95% CI] | MSE - CE teacher [95% CI] | wall s |",
+             "|---|---|---|---|---|---|---|"]
+    for loss, t in r["teachers"].items():
+        lines.append(f"| teacher ({loss.upper()}) | {t['val_acc']:.2f} | {t['test_acc']:.2f} | | | | "
+                     f"{t['wall_time_s']:.1f} |")
+    for key, e in r["students"].items():
+        diff = _ci(e["diff_vs_no_kd"]) if "diff_vs_no_kd" in e else ""
+        mse_ce = _ci(e["mse_minus_ce"]) if "mse_minus_ce" in e else ""
+        lines.append(f"| student: {row_label(key)} | {_fmt(e['val_acc'])} | {_fmt(e['test_acc'])} | "
+                     f"{_fmt(e['test_acc_at_best_val'])} | {diff} | {mse_ce} | {e['wall_time_s']:.1f} |")
+    lines += ["", "mean +- std over seeds (sample std); paired: same student init and batch order per seed; "
+              f"intervals are paired 95% t intervals. Total wall time {r['wall_time_s']:.0f} s."]
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: Path) -> Path | None:
+    """Student test accuracy per method and teacher (mean +- std, seeds as dots); None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    groups = ["none", *r["methods"]]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) + 2), 3.6))
+    colors = {"none": "#999999", "ce": "#4c72b0", "mse": "#dd8452"}
+    for i, g in enumerate(groups):
+        keys = [("none", "none")] if g == "none" else [(f"{g}/{loss}", loss) for loss in TEACHER_LOSSES]
+        for j, (key, color) in enumerate(keys):
+            vals = r["students"][key]["test_acc"]
+            mu, sd = mean_std(vals)
+            x = i + (0 if g == "none" else (j - 0.5) * 0.38)
+            ax.bar(x, mu, width=0.36, yerr=sd, capsize=3, color=colors[color],
+                   label={"none": "no KD", "ce": "CE teacher", "mse": "MSE teacher"}[color] if i < 2 else None)
+            ax.scatter([x] * len(vals), vals, color="black", s=8, zorder=3)
+    ax.set_xticks(range(len(groups)), ["no KD" if g == "none" else g for g in groups])
+    ax.set_ylabel("student test accuracy %")
+    lo = min(min(e["test_acc"]) for e in r["students"].values())
+    hi = max(max(e["test_acc"]) for e in r["students"].values())
+    ax.set_ylim(max(0, lo - 3), min(100, hi + 2))
+    ax.set_title(f"{r['dataset']}: {r['student_model']} students on {r['student_train_size']} examples")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles, strict=True))
+    ax.legend(uniq.values(), uniq.keys(), loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
