@@ -3,7 +3,7 @@
 Stem conv3x3(16), three groups of n = (d - 4) / 6 pre-activation blocks of 16k / 32k / 64k filters (group 1
 stride 1, the others stride 2), final BN-ReLU, global average pool, ``fc``. A block is BN-ReLU-conv3x3-BN-ReLU
 (-dropout)-conv3x3 plus a shortcut: identity when the width is kept, else a 1x1 conv (``convShortcut``) on the
-activated input. At 100 classes WRN-16-1 / 16-2 / 40-1 / 40-2 have 175,972 / 703,284 / 569,780 / 2,255,156
+activated input. At 100 classes WRN-16-1 / 16-2 / 40-1 / 40-2 have 180,916 / 703,284 / 569,780 / 2,255,156
 parameters; parameter names match RepDistiller's ``models/wrn.py`` checkpoints.
 
 Taps. A pre-activation block ends with a plain residual sum (no activation), so a group's output only gets
