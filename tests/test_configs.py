@@ -9,6 +9,7 @@ import pytest
 from teachkit.config import load_config
 from teachkit.data import DATASETS
 from teachkit.losses import LOSSES, OBJECTIVES
+from teachkit.losses.base import check_options
 from teachkit.losses.distiller import as_method_list
 from teachkit.models import MODELS
 
@@ -29,7 +30,7 @@ def test_config_validates_and_names_exist(path):
     if cfg.teacher.checkpoint is None:
         assert cfg.teacher.model.name in MODELS
     for method in as_method_list(cfg.kd.method):
-        assert method in LOSSES, method
+        check_options(method, LOSSES.get(method), cfg.kd.options.get(method, {}))
 
 
 def test_mse_teacher_grid_is_up_to_date():
