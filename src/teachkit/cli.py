@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_args(sub.add_parser("train", help="train one model on labels (ce / mse / mse-logits)"))
     _add_run_args(sub.add_parser("distill", help="distil a student from a teacher (checkpoint or trained first)"))
+    run = sub.add_parser("run", help="run any registered recipe (teachkit list recipes) on a config")
+    run.add_argument("recipe", help="recipe name, e.g. prokd, annealing, rco, takd, eskd, l2t")
+    _add_run_args(run)
     ev = sub.add_parser("eval", help="evaluate a checkpoint (file or run folder) on a dataset split")
     ev.add_argument("checkpoint")
     ev.add_argument("--data", help="dataset name (default: the one it was trained on)")
@@ -40,15 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.command in ("train", "distill"):
+    if args.command in ("train", "distill", "run"):
         from teachkit.config import load_config
-        from teachkit.recipes import distill, train_model
+        from teachkit.recipes import RECIPES
         from teachkit.recipes.common import with_changes
 
+        recipe = RECIPES.get({"train": "train", "distill": "kd"}.get(args.command) or args.recipe)
         cfg = load_config(args.config, args.overrides)
         if args.quiet:
             cfg = with_changes(cfg, train={"progress": False})
-        result = (train_model if args.command == "train" else distill)(cfg, resume=args.resume)
+        result = recipe(cfg, resume=args.resume)
         s = result.summary
         print(f"{args.command} finished: {result.run_dir}  val {s['val_acc']:.2f}%  test {s['test_acc']:.2f}%  "
               f"(best val {s['best_val_acc']:.2f}% at epoch {s['best_epoch']}, "

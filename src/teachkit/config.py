@@ -122,8 +122,76 @@ class TeacherConfig:
 
 
 @dataclass
+class ProKDConfig:
+    """Pro-KD (student follows the teacher's trajectory) and Annealing-KD schedules (METHODS.md sec. 3-4).
+
+    Phase I: after teacher epoch i the student trains ``student_epochs`` (n_i; an int for every i, or
+    one entry per teacher epoch) epochs on ||z_s - z_t(theta_i) / T_i||^2; T starts at ``tau_max`` and
+    drops by 1 every ``stage_epochs`` teacher epochs, floored at 1. Phase II: CE for the remaining
+    ``train.epochs``. ``mode``: ``online`` trains the teacher in the same run; ``replay`` follows the
+    recorded trajectory in ``trajectory`` (a teacher run folder saved with ``train.save_every=1``).
+    """
+
+    mode: Literal["online", "replay"] = "online"
+    trajectory: str | None = None
+    tau_max: float = _f(10.0, ge=1.0)
+    stage_epochs: int = _f(1, ge=1)
+    student_epochs: int | list[int] = 1
+    checkpoint_at: Literal["end", "start"] = "end"
+    reduction: Literal["sum", "mean"] = "sum"
+
+
+@dataclass
+class RCOConfig:
+    """Route-constrained optimisation (Jin et al. 2019): anchors = teacher checkpoints at equal intervals."""
+
+    anchors: int = _f(4, ge=1)
+
+
+@dataclass
+class TAKDConfig:
+    """Teacher-assistant KD (Mirzadeh et al. 2020): teacher -> assistant (KD) -> student (KD)."""
+
+    assistant: ModelConfig = _f(factory=lambda: ModelConfig(name="resnet20"))
+    assistant_epochs: int | None = _f(None, ge=1)
+
+
+@dataclass
+class ESKDConfig:
+    """Early-stopped teacher (Cho & Hariharan 2019) and checkpoint search over a teacher trajectory."""
+
+    epoch: int | None = _f(None, ge=1)
+    search: bool = False
+
+
+@dataclass
+class L2TConfig:
+    """Learning to Teach with Dynamic Loss Functions (Wu et al. 2018; METHODS.md sec. 5).
+
+    The student minimises L_Phi(p, y) = -sigmoid(y^T W log p + b) (optionally mixed with CE by
+    ``ce_alpha``); a teacher model maps the student's state to Phi_t and is trained with Adam on a
+    dev-set objective by reverse-mode differentiation through ``inner_steps`` momentum-SGD steps
+    (``optim.lr``, ``optim.momentum``). ``memory``: ``full``, ``checkpoint`` or ``truncate:K``.
+    """
+
+    teacher_model: Literal["static", "gated", "attention"] = "gated"
+    teacher_steps: int = _f(60, ge=1)
+    inner_steps: int = _f(20, ge=1)
+    memory: str = "full"
+    objective: Literal["smooth_error", "dev_ce"] = "smooth_error"
+    smooth_k: float = _f(50.0, gt=0.0)
+    ce_alpha: float = _f(0.0, ge=0.0, le=1.0)
+    teacher_lr: float = _f(1e-4, gt=0.0)
+    teacher_betas: list[float] = _f(factory=lambda: [0.9, 0.999])
+    teacher_eps: float = _f(1e-8, gt=0.0)
+    warm_start_steps: int = _f(0, ge=0)
+    dev_batch_size: int = _f(500, ge=1)
+
+
+@dataclass
 class RunConfig:
-    """One run: ``teachkit train`` uses data/model/optim/train; ``distill`` adds teacher and kd."""
+    """One run: ``teachkit train`` uses data/model/optim/train; ``distill`` adds teacher and kd;
+    ``teachkit run RECIPE`` reads the recipe's own section (prokd, rco, takd, eskd, l2t)."""
 
     name: str = "run"
     out_dir: str = "runs"
@@ -133,6 +201,11 @@ class RunConfig:
     train: TrainConfig = _f(factory=TrainConfig)
     teacher: TeacherConfig = _f(factory=TeacherConfig)
     kd: KDConfig = _f(factory=KDConfig)
+    prokd: ProKDConfig = _f(factory=ProKDConfig)
+    rco: RCOConfig = _f(factory=RCOConfig)
+    takd: TAKDConfig = _f(factory=TAKDConfig)
+    eskd: ESKDConfig = _f(factory=ESKDConfig)
+    l2t: L2TConfig = _f(factory=L2TConfig)
 
 
 # ----------------------------------------------------------------------------- validation
