@@ -4,6 +4,11 @@
 loss terms and the logits of the model being trained; the engine does the rest once: optimiser,
 warm-up and schedule, autocast, backward, clipping, NaN guard, per-epoch val/test evaluation, the
 best-on-val record, checkpoints (atomic, exact resume), trajectory, metrics, progress bar.
+
+:class:`Trainer` is the same loop one epoch at a time (``run_epoch``), for recipes that interleave
+two models (Pro-KD trains teacher and student in turn). Each Trainer owns its random stream: the
+global torch RNG is swapped in for its epochs and out afterwards, so interleaving two trainers
+gives each exactly the stream it would have alone (online and replay Pro-KD agree bit for bit).
 """
 
 from __future__ import annotations
@@ -34,10 +39,11 @@ from teachkit.engine.checkpoint import (
 from teachkit.engine.evaluate import evaluate
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
-from teachkit.errors import CheckpointError, NonFiniteLossError
+from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
 from teachkit.losses.base import Progress
 
 StepFn = Callable[[Batch, Progress], tuple[dict[str, Tensor], Tensor]]
+EpochHook = Callable[[int], None]
 
 
 @dataclass
@@ -58,8 +64,6 @@ def build_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from teachkit.errors import ConfigError
-
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -76,93 +80,155 @@ def weights_state(model: nn.Module, extra: nn.Module | None) -> dict[str, Tensor
     return tensors
 
 
-def fit(
-    model: nn.Module,
-    step_fn: StepFn,
-    splits: Splits,
-    cfg: RunConfig,
-    run_dir: str | Path,
-    *,
-    extra: nn.Module | None = None,
-    meta: dict[str, Any] | None = None,
-    resume: bool = False,
-    on_epoch_end: Callable[[dict[str, Any]], None] | None = None,
-    desc: str = "train",
-) -> FitResult:
+class RandomStream:
+    """A private torch RNG stream (CPU, and the CUDA device when used), swapped in with ``with``."""
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.cpu = torch.Generator().manual_seed(seed).get_state()
+        self.cuda: Tensor | None = None
+        if device.type == "cuda":
+            outer = torch.cuda.get_rng_state(device)
+            torch.cuda.manual_seed(seed)
+            self.cuda = torch.cuda.get_rng_state(device)
+            torch.cuda.set_rng_state(outer, device)
+
+    def __enter__(self) -> RandomStream:
+        self._outer = (torch.get_rng_state(), torch.cuda.get_rng_state(self.device) if self.cuda is not None else None)
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu = torch.get_rng_state()
+        if self.cuda is not None:
+            self.cuda = torch.cuda.get_rng_state(self.device)
+            torch.cuda.set_rng_state(self._outer[1], self.device)
+        torch.set_rng_state(self._outer[0])
+
+    def tensors(self) -> dict[str, Tensor]:
+        out = {"rng/torch": self.cpu}
+        if self.cuda is not None:
+            out["rng/cuda"] = self.cuda
+        return out
+
+    def load(self, tensors: dict[str, Tensor]) -> None:
+        self.cpu = tensors["rng/torch"]
+        if self.cuda is not None and "rng/cuda" in tensors:
+            self.cuda = tensors["rng/cuda"]
+
+
+class Trainer:
     """Train ``model`` (and the trainable ``extra`` modules, e.g. a loss's regressors) with ``step_fn``.
 
     Writes ``run_dir/checkpoints/{last,best}.safetensors``, ``metrics.jsonl``, ``summary.json`` and,
     with ``train.save_every=k``, ``trajectory/``. ``meta`` (model name, shapes, ...) is stored in every
     checkpoint so that it can be loaded on its own. ``resume=True`` continues from ``last``.
+    ``on_epoch_start(epoch)`` runs before each epoch (0-based), ``on_epoch_end(record)`` after it.
     """
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tc, oc = cfg.train, cfg.optim
-    meta = dict(meta or {})
-    device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
-    if extra is not None:
-        params += [p for p in extra.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, oc)
-    loader = BatchLoader(splits.train, cfg.data.batch_size, shuffle=True, seed=tc.seed,
-                         augment=make_augment(cfg.data.augment, splits))
-    steps = len(loader)
-    ckpt_dir = run_dir / "checkpoints"
-    last_path, best_path = ckpt_dir / "last.safetensors", ckpt_dir / "best.safetensors"
-    log = RunLog(run_dir, tc.tensorboard)
-    trajectory = Trajectory(run_dir / "trajectory") if tc.save_every else None
-    history: list[dict[str, Any]] = []
-    start_epoch, best = 0, {"epoch": 0, "val_acc": -1.0}
-    wall_before = 0.0
 
-    if resume and last_path.is_file():
-        tensors, state = load_checkpoint(last_path)
-        model.load_state_dict(strip("model/", tensors))
+    def __init__(self, model: nn.Module, step_fn: StepFn, splits: Splits, cfg: RunConfig, run_dir: str | Path, *,
+                 extra: nn.Module | None = None, meta: dict[str, Any] | None = None, resume: bool = False,
+                 on_epoch_start: EpochHook | None = None,
+                 on_epoch_end: Callable[[dict[str, Any]], None] | None = None, desc: str = "train") -> None:
+        self.model, self.step_fn, self.splits, self.cfg, self.extra = model, step_fn, splits, cfg, extra
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.meta = dict(meta or {})
+        self.on_epoch_start, self.on_epoch_end, self.desc = on_epoch_start, on_epoch_end, desc
+        tc = cfg.train
+        self.device = next(model.parameters()).device
+        self.params = [p for p in model.parameters() if p.requires_grad]
         if extra is not None:
-            extra.load_state_dict(strip("extra/", tensors))
-        optimizer_from_flat(optimizer, tensors, state["optimizer"])
-        torch.set_rng_state(tensors["rng/torch"])
-        if device.type == "cuda" and "rng/cuda" in tensors:
-            torch.cuda.set_rng_state(tensors["rng/cuda"], device)
-        start_epoch, best, wall_before = state["epoch"], state["best"], state.get("wall_time_s", 0.0)
-        history = log.truncate(start_epoch)
-        if trajectory is not None:
-            trajectory.truncate(start_epoch)
-    elif resume:
-        raise CheckpointError(f"nothing to resume: {str(last_path)!r} does not exist")
+            self.params += [p for p in extra.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, cfg.optim)
+        self.loader = BatchLoader(splits.train, cfg.data.batch_size, shuffle=True, seed=tc.seed,
+                                  augment=make_augment(cfg.data.augment, splits))
+        self.steps = len(self.loader)
+        ckpt_dir = self.run_dir / "checkpoints"
+        self.last_path, self.best_path = ckpt_dir / "last.safetensors", ckpt_dir / "best.safetensors"
+        self.log = RunLog(self.run_dir, tc.tensorboard)
+        self.trajectory = Trajectory(self.run_dir / "trajectory") if tc.save_every else None
+        self.rng = RandomStream(tc.seed, self.device)
+        self.history: list[dict[str, Any]] = []
+        self.epoch = 0  # epochs completed
+        self.best: dict[str, Any] = {"epoch": 0, "val_acc": -1.0}
+        self.wall_before = 0.0
+        self.samples_seen = 0
+        self.train_time = 0.0
+        self.extra_checkpoints: set[int] = set()
+        if resume and self.last_path.is_file():
+            self._resume()
+        elif resume:
+            raise CheckpointError(f"nothing to resume: {str(self.last_path)!r} does not exist")
+        self.t_start = time.perf_counter()
 
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
-    t_start = time.perf_counter()
-    samples_seen = 0
-    train_time = 0.0
-    for epoch in range(start_epoch, tc.epochs):
+    def _resume(self) -> None:
+        tensors, state = load_checkpoint(self.last_path)
+        self.model.load_state_dict(strip("model/", tensors))
+        if self.extra is not None:
+            self.extra.load_state_dict(strip("extra/", tensors))
+        optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
+        self.rng.load(tensors)
+        self.epoch, self.best, self.wall_before = state["epoch"], state["best"], state.get("wall_time_s", 0.0)
+        self.history = self.log.truncate(self.epoch)
+        if self.trajectory is not None:
+            self.trajectory.truncate(self.epoch)
+
+    @property
+    def done(self) -> bool:
+        return self.epoch >= self.cfg.train.epochs
+
+    def keep_checkpoint_at(self, epochs: set[int]) -> None:
+        """Also keep trajectory checkpoints after these epochs (e.g. phase boundaries)."""
+        self.extra_checkpoints |= set(epochs)
+        if self.trajectory is None and self.extra_checkpoints:
+            self.trajectory = Trajectory(self.run_dir / "trajectory")
+
+    def run_epoch(self) -> dict[str, Any]:
+        """Train one epoch, evaluate on val and test, write checkpoints and the metrics line."""
+        epoch = self.epoch
+        if self.on_epoch_start is not None:
+            self.on_epoch_start(epoch)
+        with self.rng:
+            record = self._train_epoch(epoch)
+        self.epoch = epoch + 1
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(record)
+        return record
+
+    def _train_epoch(self, epoch: int) -> dict[str, Any]:
+        tc, oc, model, extra = self.cfg.train, self.cfg.optim, self.model, self.extra
         model.train()
         if extra is not None:
             extra.train()
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
         sums: dict[str, float] = {}
         correct = seen = 0
+        lr = oc.lr
         t_epoch = time.perf_counter()
-        bar = tqdm(loader.batches(epoch), total=steps, desc=f"{desc} {epoch + 1}/{tc.epochs}",
+        bar = tqdm(self.loader.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{tc.epochs}",
                    disable=not tc.progress, leave=False, dynamic_ncols=True)
         for step, batch in enumerate(bar):
-            progress = Progress(epoch, step, tc.epochs, steps)
-            lr = oc.lr * lr_factor(oc, epoch, step, steps, tc.epochs)
-            for group in optimizer.param_groups:
+            progress = Progress(epoch, step, tc.epochs, self.steps)
+            lr = oc.lr * lr_factor(oc, epoch, step, self.steps, tc.epochs)
+            for group in self.optimizer.param_groups:
                 group["lr"] = lr
             with autocast:
-                terms, logits = step_fn(batch, progress)
+                terms, logits = self.step_fn(batch, progress)
             loss = sum(terms.values())
             value = float(loss.detach())
             if not math.isfinite(value):
-                kept = (f"last good checkpoint {str(last_path)!r} (epoch {epoch})"
+                kept = (f"last good checkpoint {str(self.last_path)!r} (epoch {epoch})"
                         if epoch > 0 else "no checkpoint was written yet")
                 raise NonFiniteLossError(f"loss became {value} at epoch {epoch + 1}, step {step + 1}; "
                                          f"training stopped, {kept}")
-            optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if oc.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, oc.grad_clip)
-            optimizer.step()
+                torch.nn.utils.clip_grad_norm_(self.params, oc.grad_clip)
+            self.optimizer.step()
             n = batch.y.shape[0]
             seen += n
             correct += int((logits.detach().argmax(1) == batch.y).sum())
@@ -174,51 +240,66 @@ def fit(
                                 img_s=f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}")
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
-        train_time += epoch_time
-        samples_seen += seen
-        val = evaluate(model, splits.val, cfg.data.eval_batch_size, splits.omitted)
-        test = evaluate(model, splits.test, cfg.data.eval_batch_size, splits.omitted)
+        self.train_time += epoch_time
+        self.samples_seen += seen
+        bs, omitted = self.cfg.data.eval_batch_size, self.splits.omitted
+        val = evaluate(model, self.splits.val, bs, omitted)
+        test = evaluate(model, self.splits.test, bs, omitted)
         record = {"epoch": epoch + 1, "lr": lr, "train": {k: v / seen for k, v in sums.items()},
                   "train_acc": 100 * correct / seen, "val": val, "test": test,
                   "epoch_time_s": epoch_time, "images_per_s": seen / max(1e-9, epoch_time)}
-        history.append(record)
+        self.history.append(record)
         weights = weights_state(model, extra)
-        base_state = {**meta, "epoch": epoch + 1, "val_acc": val["acc"], "test_acc": test["acc"]}
-        if val["acc"] > best["val_acc"]:
-            best = {"epoch": epoch + 1, "val_acc": val["acc"], "test_acc": test["acc"]}
-            save_checkpoint(best_path, weights, base_state)
-        if trajectory is not None and (epoch + 1) % tc.save_every == 0:
-            trajectory.add(epoch + 1, val["acc"], weights, base_state)
-        opt_tensors, opt_struct = optimizer_to_flat(optimizer)
-        rng = {"rng/torch": torch.get_rng_state()}
-        if device.type == "cuda":
-            rng["rng/cuda"] = torch.cuda.get_rng_state(device)
-        wall = wall_before + time.perf_counter() - t_start
-        save_checkpoint(last_path, {**weights, **opt_tensors, **rng},
-                        {**base_state, "best": best, "optimizer": opt_struct, "wall_time_s": wall})
-        log.log(record)
+        base_state = {**self.meta, "epoch": epoch + 1, "val_acc": val["acc"], "test_acc": test["acc"]}
+        if val["acc"] > self.best["val_acc"]:
+            self.best = {"epoch": epoch + 1, "val_acc": val["acc"], "test_acc": test["acc"]}
+            save_checkpoint(self.best_path, weights, base_state)
+        if self.trajectory is not None and ((tc.save_every and (epoch + 1) % tc.save_every == 0)
+                                            or epoch + 1 in self.extra_checkpoints):
+            self.trajectory.add(epoch + 1, val["acc"], weights, base_state)
+        opt_tensors, opt_struct = optimizer_to_flat(self.optimizer)
+        self.rng.cpu = torch.get_rng_state()  # this trainer's stream as of now (inside its context)
+        if self.rng.cuda is not None:
+            self.rng.cuda = torch.cuda.get_rng_state(self.device)
+        wall = self.wall_before + time.perf_counter() - self.t_start
+        save_checkpoint(self.last_path, {**weights, **opt_tensors, **self.rng.tensors()},
+                        {**base_state, "best": self.best, "optimizer": opt_struct, "wall_time_s": wall})
+        self.log.log(record)
         if tc.progress:
-            tqdm.write(f"{desc} epoch {epoch + 1}/{tc.epochs}  loss {record['train']['loss']:.4f}  "
+            tqdm.write(f"{self.desc} epoch {epoch + 1}/{tc.epochs}  loss {record['train']['loss']:.4f}  "
                        f"train {record['train_acc']:.1f}%  val {val['acc']:.2f}%  test {test['acc']:.2f}%  "
                        f"({record['images_per_s']:.0f} img/s)")
-        if on_epoch_end is not None:
-            on_epoch_end(record)
+        return record
 
-    last = history[-1] if history else {"epoch": tc.epochs, "val": {"acc": float("nan")},
-                                        "test": {"acc": float("nan")}}
-    summary = {
-        **meta,
-        "epochs": tc.epochs,
-        "last_epoch": last["epoch"],
-        "val_acc": last["val"]["acc"],
-        "test_acc": last["test"]["acc"],
-        "best_epoch": best["epoch"],
-        "best_val_acc": best["val_acc"],
-        "test_acc_at_best": best.get("test_acc", float("nan")),
-        **{f"test_{k}": v for k, v in last["test"].items() if k in ("acc_omitted", "acc_kept", "top5")},
-        "wall_time_s": wall_before + time.perf_counter() - t_start,
-        "images_per_s": samples_seen / train_time if train_time else float("nan"),
-    }
-    log.summary(summary)
-    log.close()
-    return FitResult(summary, history)
+    def finish(self, **extra_summary: Any) -> FitResult:
+        """Write ``summary.json`` (last and best-on-val results, wall time, img/s) and close the logs."""
+        last = self.history[-1] if self.history else {"epoch": self.epoch, "val": {"acc": float("nan")},
+                                                      "test": {"acc": float("nan")}}
+        summary = {
+            **self.meta,
+            "epochs": self.cfg.train.epochs,
+            "last_epoch": last["epoch"],
+            "val_acc": last["val"]["acc"],
+            "test_acc": last["test"]["acc"],
+            "best_epoch": self.best["epoch"],
+            "best_val_acc": self.best["val_acc"],
+            "test_acc_at_best": self.best.get("test_acc", float("nan")),
+            **{f"test_{k}": v for k, v in last["test"].items() if k in ("acc_omitted", "acc_kept", "top5")},
+            "wall_time_s": self.wall_before + time.perf_counter() - self.t_start,
+            "images_per_s": self.samples_seen / self.train_time if self.train_time else float("nan"),
+            **extra_summary,
+        }
+        self.log.summary(summary)
+        self.log.close()
+        return FitResult(summary, self.history)
+
+
+def fit(model: nn.Module, step_fn: StepFn, splits: Splits, cfg: RunConfig, run_dir: str | Path, *,
+        extra: nn.Module | None = None, meta: dict[str, Any] | None = None, resume: bool = False,
+        on_epoch_end: Callable[[dict[str, Any]], None] | None = None, desc: str = "train") -> FitResult:
+    """Train for ``cfg.train.epochs`` epochs with :class:`Trainer` and return its summary and history."""
+    trainer = Trainer(model, step_fn, splits, cfg, run_dir, extra=extra, meta=meta, resume=resume,
+                      on_epoch_end=on_epoch_end, desc=desc)
+    while not trainer.done:
+        trainer.run_epoch()
+    return trainer.finish()
