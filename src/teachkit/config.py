@@ -128,12 +128,15 @@ class ProKDConfig:
     Phase I: after teacher epoch i the student trains ``student_epochs`` (n_i; an int for every i, or
     one entry per teacher epoch) epochs on ||z_s - z_t(theta_i) / T_i||^2; T starts at ``tau_max`` and
     drops by 1 every ``stage_epochs`` teacher epochs, floored at 1. Phase II: CE for the remaining
-    ``train.epochs``. ``mode``: ``online`` trains the teacher in the same run; ``replay`` follows the
-    recorded trajectory in ``trajectory`` (a teacher run folder saved with ``train.save_every=1``).
+    ``train.epochs``. ``mode``: ``online`` trains the teacher (``teacher.model``, ``teacher.epochs``) in
+    the same run, interleaved epoch by epoch; ``replay`` follows the trajectory recorded in the run
+    folder ``teacher.checkpoint`` (a teacher trained with ``train.save_every=1``). ``checkpoint_at``:
+    student stage i distils from the teacher after its epoch i (``end``) or before it (``start``).
+    ``reduction``: ``sum`` over classes then batch mean (the paper's ||.||^2), or ``mean`` over all
+    elements (``F.mse_loss``: C times smaller gradients at the same lr).
     """
 
     mode: Literal["online", "replay"] = "online"
-    trajectory: str | None = None
     tau_max: float = _f(10.0, ge=1.0)
     stage_epochs: int = _f(1, ge=1)
     student_epochs: int | list[int] = 1

@@ -39,7 +39,7 @@ from teachkit.engine.checkpoint import (
 from teachkit.engine.evaluate import evaluate
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
-from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
+from teachkit.errors import ConfigError, NonFiniteLossError
 from teachkit.losses.base import Progress
 
 StepFn = Callable[[Batch, Progress], tuple[dict[str, Tensor], Tensor]]
@@ -124,8 +124,9 @@ class Trainer:
 
     Writes ``run_dir/checkpoints/{last,best}.safetensors``, ``metrics.jsonl``, ``summary.json`` and,
     with ``train.save_every=k``, ``trajectory/``. ``meta`` (model name, shapes, ...) is stored in every
-    checkpoint so that it can be loaded on its own. ``resume=True`` continues from ``last``.
-    ``on_epoch_start(epoch)`` runs before each epoch (0-based), ``on_epoch_end(record)`` after it.
+    checkpoint so that it can be loaded on its own. ``resume=True`` continues from ``last`` (or starts
+    afresh if no epoch was finished). ``on_epoch_start(epoch)`` runs before each epoch (0-based),
+    ``on_epoch_end(record)`` after it.
     """
 
     def __init__(self, model: nn.Module, step_fn: StepFn, splits: Splits, cfg: RunConfig, run_dir: str | Path, *,
@@ -158,10 +159,8 @@ class Trainer:
         self.samples_seen = 0
         self.train_time = 0.0
         self.extra_checkpoints: set[int] = set()
-        if resume and self.last_path.is_file():
+        if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
             self._resume()
-        elif resume:
-            raise CheckpointError(f"nothing to resume: {str(self.last_path)!r} does not exist")
         self.t_start = time.perf_counter()
 
     def _resume(self) -> None:

@@ -25,18 +25,10 @@ from teachkit.recipes.common import (
     model_meta,
     prepare_run_dir,
     seed_everything,
-    with_changes,
 )
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.standalone import train_model
-
-
-def teacher_config(cfg: RunConfig) -> RunConfig:
-    """The config of a teacher trained in-command: full train split, its own model/optim/epochs/loss."""
-    t = cfg.teacher
-    return with_changes(cfg, name=f"{cfg.name}/teacher", model=t.model, optim=t.optim,
-                        train={"epochs": t.epochs, "loss": t.loss, "save_every": 0},
-                        data={"train_subset": None, "omit_classes": [], "few_shot": 0})
+from teachkit.recipes.trajectory import teacher_run_config
 
 
 def obtain_teacher(cfg: RunConfig, run_dir: Path, resume: bool, device: torch.device) -> tuple[nn.Module, dict]:
@@ -45,8 +37,7 @@ def obtain_teacher(cfg: RunConfig, run_dir: Path, resume: bool, device: torch.de
         return load_model(cfg.teacher.checkpoint, cfg.teacher.select, device)
     teacher_dir = run_dir / "teacher"
     if not (teacher_dir / "summary.json").is_file():
-        train_model(teacher_config(cfg), resume=resume and (teacher_dir / "checkpoints").is_dir(),
-                    run_dir=teacher_dir)
+        train_model(teacher_run_config(cfg, save_every=0), resume=resume, run_dir=teacher_dir)
     return load_model(teacher_dir, cfg.teacher.select, device)
 
 
