@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from teachkit.config import RunConfig
 from teachkit.data.base import Splits
-from teachkit.engine.trainer import fit
+from teachkit.engine.trainer import Trainer
 from teachkit.losses import LOSSES
 from teachkit.losses.distiller import Distiller, as_method_list, build_distiller
 from teachkit.models import Tapped
@@ -66,6 +67,7 @@ def build_distill_loss(cfg: RunConfig, student: nn.Module, teacher: nn.Module,
 def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
             run_dir: Path | None = None) -> RunResult:
     """Distil ``cfg.model`` from the teacher with loss ``kd.method``; the teacher is never updated."""
+    t0 = time.perf_counter()
     device = device_of(cfg)
     run_dir = prepare_run_dir(cfg, resume, run_dir)
     splits = splits if splits is not None else load_data(cfg.data, device)
@@ -77,9 +79,12 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     loss, s_tap, t_tap = build_distill_loss(cfg, student, teacher, splits)
     loss.prepare_teacher(t_tap, splits, cfg, run_dir)
 
+    forwards = [0]
+
     def step(batch, progress):
         n = batch.y.shape[0]
         batch = loss.transform_batch(batch)  # keeps the original samples first
+        forwards[0] += batch.x.shape[0]
         t_out = t_tap(batch.x)
         s_out = s_tap(batch.x)
         return loss(s_out, t_out, batch, progress), s_out.logits[:n]
@@ -87,6 +92,12 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     meta = model_meta(cfg, splits, "+".join(as_method_list(cfg.kd.method)))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "val_acc": teacher_state.get("val_acc"),
                        "test_acc": teacher_state.get("test_acc"), "loss": teacher_state.get("loss")}
-    result = fit(student, step, splits, cfg, run_dir, extra=loss, meta=meta, resume=resume, desc=cfg.name)
+    trainer = Trainer(student, step, splits, cfg, run_dir, extra=loss, meta=meta, resume=resume, desc=cfg.name)
+    while not trainer.done:
+        trainer.run_epoch()
+    trained_here = 0 if cfg.teacher.checkpoint else cfg.teacher.epochs
+    result = trainer.finish(cost={"teacher_epochs_trained": trained_here, "student_epochs": cfg.train.epochs,
+                                  "teacher_forward_images": forwards[0],
+                                  "wall_time_s": time.perf_counter() - t0})
     (run_dir / "teacher.json").write_text(json.dumps(meta["teacher"], indent=2) + "\n")
     return RunResult(run_dir, result.summary, student, result.history)

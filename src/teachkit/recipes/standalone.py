@@ -6,7 +6,7 @@ from pathlib import Path
 
 from teachkit.config import RunConfig
 from teachkit.data.base import Splits
-from teachkit.engine.trainer import fit
+from teachkit.engine.trainer import Trainer
 from teachkit.losses import OBJECTIVES
 from teachkit.recipes.common import (
     RunResult,
@@ -36,6 +36,10 @@ def train_model(cfg: RunConfig, resume: bool = False, splits: Splits | None = No
         logits = model(batch.x)
         return {cfg.train.loss: objective(logits, batch.y, smoothing)}, logits
 
-    result = fit(model, step, splits, cfg, run_dir, meta=model_meta(cfg, splits, cfg.train.loss),
-                 resume=resume, desc=cfg.name)
+    trainer = Trainer(model, step, splits, cfg, run_dir, meta=model_meta(cfg, splits, cfg.train.loss),
+                      resume=resume, desc=cfg.name)
+    while not trainer.done:
+        trainer.run_epoch()
+    result = trainer.finish(cost={"teacher_epochs_trained": 0, "student_epochs": cfg.train.epochs,
+                                  "teacher_forward_images": 0})
     return RunResult(run_dir, result.summary, model, result.history)
