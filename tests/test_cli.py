@@ -128,3 +128,24 @@ def test_eval_best_checkpoint_on_val(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     summary = json.loads((tmp_path / "runs" / "e" / "summary.json").read_text())
     assert out["split"] == "val" and out["acc"] == pytest.approx(summary["best_val_acc"], abs=1e-6)
+
+
+def test_run_prokd_online_end_to_end(tmp_path):
+    cfg = write_cfg(tmp_path)
+    proc = run_cli("run", "prokd", str(cfg), "name=p", "train.epochs=3", "teacher.epochs=2", "prokd.tau_max=2",
+                   "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((tmp_path / "runs" / "p" / "summary.json").read_text())
+    assert summary["plan"]["phase1_epochs"] == 2 and summary["cost"]["teacher_epochs_trained"] == 2
+
+
+@pytest.mark.parametrize("args, match", [
+    (["run", "prokd", "prokd.tau_max=0.5"], "prokd.tau_max=0.5 is out of range: must be >= 1.0"),
+    (["run", "prokd", "prokd.student_epochs=[1, 2]", "teacher.epochs=3"], "lists 2 entries but the teacher trains 3"),
+    (["run", "nosuch"], "unknown recipe 'nosuch'"),
+])
+def test_recipe_bad_input(tmp_path, capsys, args, match):
+    cfg = write_cfg(tmp_path)
+    code = main([args[0], args[1], str(cfg), *args[2:], "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and err.count("\n") == 1, err
