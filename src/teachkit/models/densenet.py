@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, check_input
+from teachkit.models.zoo import MODELS, check_input, init_weights
 
 #: Smallest H, W a CIFAR DenseNet takes (two 2x2 average pools leave at least 2x2).
 MIN_SIZE = 8
@@ -88,14 +88,7 @@ class DenseNetBC(nn.Module):
         self.fc = nn.Linear(channels, num_classes)
         self.tap_spec = TapSpec(embedding="fc", stages=("trans1.relu", "trans2.relu", "relu"),
                                 stages_pre=("trans1.bn", "trans2.bn", "bn"))
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        init_weights(self, linear="zero_bias")
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv1(x)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, check_input
+from teachkit.models.zoo import MODELS, check_input, init_weights
 
 #: Smallest H, W MobileNetV2 takes (four stride-2 steps leave at least 2x2).
 MIN_SIZE = 32
@@ -80,15 +80,7 @@ class MobileNetV2(nn.Module):
         self.classifier = nn.Sequential(nn.Linear(self.last_channel, num_classes))
         stages = tuple(f"blocks.{g}" for g in STAGE_GROUPS)
         self.tap_spec = TapSpec(embedding="classifier.0", stages=stages, stages_pre=stages)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                m.weight.data.normal_(0, math.sqrt(2.0 / (m.kernel_size[0] * m.kernel_size[1] * m.out_channels)))
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
+        init_weights(self, linear="normal")
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.conv1(x)

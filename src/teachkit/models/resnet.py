@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, check_input
+from teachkit.models.zoo import MODELS, check_input, init_weights
 
 #: Smallest H, W a CIFAR ResNet takes (two stride-2 stages leave at least 2x2).
 MIN_SIZE = 8
@@ -117,12 +117,7 @@ class CifarResNet(nn.Module):
         self.fc = nn.Linear(in_planes, num_classes)
         self.tap_spec = TapSpec(embedding="fc", stages=self.stage_names,
                                 stages_pre=tuple(f"{s}.{n - 1}.preact" for s in self.stage_names))
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_weights(self)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))

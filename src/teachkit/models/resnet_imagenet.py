@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, check_input
+from teachkit.models.zoo import MODELS, check_input, init_weights
 
 IMAGENET_MIN_SIZE = 32
 CIFAR_MIN_SIZE = 16
@@ -116,12 +116,7 @@ class ResNet(nn.Module):
         self.stage_names = tuple(f"layer{k}" for k in range(1, len(layers) + 1))
         self.tap_spec = TapSpec(embedding=head, stages=self.stage_names,
                                 stages_pre=tuple(f"layer{k}.{n - 1}.preact" for k, n in enumerate(layers, start=1)))
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_weights(self)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))

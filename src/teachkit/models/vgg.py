@@ -16,13 +16,12 @@ relu(stages_pre[i]) == stages[i]), embedding = ``classifier`` (its input is the 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from torch import Tensor, nn
 
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, check_input
+from teachkit.models.zoo import MODELS, check_input, init_weights
 
 #: Smallest H, W a CIFAR VGG takes (three 2x2 max-pools leave at least 2x2).
 MIN_SIZE = 16
@@ -66,16 +65,7 @@ class VGG(nn.Module):
         n = len(cfg)
         self.tap_spec = TapSpec(embedding="classifier", stages=tuple(f"relu{k}" for k in range(n)),
                                 stages_pre=tuple(f"block{k}" for k in range(n)))
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                m.weight.data.normal_(0, math.sqrt(2.0 / (m.kernel_size[0] * m.kernel_size[1] * m.out_channels)))
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
+        init_weights(self, linear="normal")
 
     def forward(self, x: Tensor) -> Tensor:
         for k in range(5):

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, check_input, fraction
+from teachkit.models.zoo import MODELS, check_input, fraction, init_weights
 
 #: Smallest H, W a WRN takes (two stride-2 groups leave at least 2x2).
 MIN_SIZE = 8
@@ -100,14 +100,7 @@ class WideResNet(nn.Module):
             stages=("block2.layer.0.relu1", "block3.layer.0.relu1", "relu"),
             stages_pre=("block2.layer.0.bn1", "block3.layer.0.bn1", "bn1"),
         )
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
+        init_weights(self, linear="zero_bias")
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.block3(self.block2(self.block1(self.conv1(x))))

@@ -117,3 +117,23 @@ def fraction(model: str, option: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise ConfigError(f"model {model!r} option {option!r} must be a number in [0, 1); got {value!r}")
     return float(value)
+
+
+def init_weights(model: nn.Module, linear: str = "default") -> None:
+    """The reference CIFAR initialisation: He-normal (fan_out) convs with zero bias, BN weight 1 / bias 0.
+
+    ``linear``: ``default`` leaves Linear layers as PyTorch made them, ``zero_bias`` zeroes their bias
+    (WRN, DenseNet), ``normal`` draws weights from N(0, 0.01) with zero bias (VGG, MobileNetV2).
+    """
+    for m in model.modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d)):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear) and linear != "default":
+            if linear == "normal":
+                nn.init.normal_(m.weight, 0, 0.01)
+            nn.init.zeros_(m.bias)
