@@ -20,9 +20,10 @@ METHODS = ["kd", "fitnet", "at", "pkt", "sp", "cc", "rkd", "vid", "crd", "dkd", 
 SMALL_LENET = {"name": "lenet", "options": {"channels": [6, 16], "fc": 84}}
 SETTINGS = {
     "mnist5k": StudySetting("mnist5k", teacher={"name": "lenet"}, student=SMALL_LENET,
-                            teacher_epochs=15, student_epochs=20, train_subset=500, seeds=3),
+                            teacher_epochs=15, student_epochs=20, train_subset=500, seeds=3, student_lr=0.01,
+                            method_options={"hsakd": {"teacher_head_epochs": 3}}),
     "digits": StudySetting("digits", teacher={"name": "lenet"}, student=SMALL_LENET,
-                           teacher_epochs=20, student_epochs=30, train_subset=300, seeds=3),
+                           teacher_epochs=20, student_epochs=30, train_subset=300, seeds=3, student_lr=0.01),
 }
 
 

@@ -40,7 +40,9 @@ class StudySetting:
     train_subset: int | None
     seeds: int
     lr: float = 0.05
+    student_lr: float | None = None  # default: ``lr``
     batch_size: int = 64
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
 
     def quick(self) -> StudySetting:
@@ -49,10 +51,11 @@ class StudySetting:
 
 def base_config(s: StudySetting, out_dir: Path) -> RunConfig:
     optim = {"name": "sgd", "lr": s.lr, "weight_decay": 5e-4, "schedule": "cosine"}
+    student_optim = {**optim, "lr": s.student_lr if s.student_lr is not None else s.lr}
     return from_dict({
         "out_dir": str(out_dir),
         "data": {"name": s.data, "train_subset": s.train_subset, "batch_size": s.batch_size, "options": s.options},
-        "model": s.student, "optim": optim, "train": {"epochs": s.student_epochs, "progress": False},
+        "model": s.student, "optim": student_optim, "train": {"epochs": s.student_epochs, "progress": False},
         "teacher": {"model": s.teacher, "optim": optim, "epochs": s.teacher_epochs},
     })
 
@@ -92,7 +95,9 @@ def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int |
             for loss in TEACHER_LOSSES:
                 run = with_changes(student, name=f"seed{seed}/{method}-{loss}-teacher",
                                    teacher={"checkpoint": str(out_dir / f"teacher-{loss}")},
-                                   kd={"method": method})
+                                   kd={"method": method,
+                                       "options": {method: s.method_options[method]} if method in s.method_options
+                                       else {}})
                 students.setdefault(f"{method}/{loss}", []).append(distill(run, splits=student_splits).summary)
                 bar.update(1)
     bar.close()
