@@ -189,6 +189,13 @@ class L2TConfig:
     teacher_eps: float = _f(1e-8, gt=0.0)
     warm_start_steps: int = _f(0, ge=0)
     dev_batch_size: int = _f(500, ge=1)
+    #: each episode ``continue``s the teacher-training student where the last one ended, or ``reset``s it to
+    #: the warm start; ``episode_gap`` plain steps under the current teacher separate episodes
+    episode_start: Literal["continue", "reset"] = "continue"
+    episode_gap: int = _f(0, ge=0)
+    #: gated teacher: hidden width and number of gates of h(s_t)
+    gate_hidden: int = _f(16, ge=1)
+    gate_rank: int = _f(4, ge=1)
 
 
 @dataclass

@@ -1,0 +1,107 @@
+"""Teacher models mu_theta(s_t) -> Phi_t = (W_t, b_t) of L2T-DLF (Wu et al. 2018, Sec. 3.2).
+
+- ``static``: a learned constant Phi = (W, b), initialised W = I, b = 0 (the loss -p_y / (1 + p_y)).
+- ``gated``: W_t = W + sum_r h_r(s_t) W2_r and b_t = b + sum_r h_r(s_t) B2_r, with h a small MLP
+  (Linear(S, hidden) - tanh - Linear(hidden, rank) - tanh) of the student state; W2 and B2 start at zero,
+  so the gated teacher starts exactly as the static one and learns how Phi should move with the state.
+- ``attention`` (the paper's class-embedding teacher) is not implemented: asking for it is a ConfigError.
+
+Every teacher maps stacked states (T, S) to (W (T, C, C), b (T, C)) and a single state (S,) to
+(W (C, C), b (C,)).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from teachkit.engine.checkpoint import load_checkpoint, prefixed, save_checkpoint, strip
+from teachkit.errors import CheckpointError, ConfigError
+
+TEACHER_MODELS = ("static", "gated")
+
+
+class LossTeacher(nn.Module):
+    """Base class: ``forward(states) -> (W, b)``; ``config()`` is what rebuilds it from a checkpoint."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, num_classes: int, state_dim: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.state_dim = state_dim
+        self.W = nn.Parameter(torch.eye(num_classes))
+        self.b = nn.Parameter(torch.zeros(num_classes))
+
+    def config(self) -> dict[str, Any]:
+        return {"teacher_model": self.kind, "num_classes": self.num_classes, "state_dim": self.state_dim}
+
+    def forward(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class StaticTeacher(LossTeacher):
+    """Phi = (W, b), the same for every state (W = I, b = 0 at start)."""
+
+    kind = "static"
+
+    def forward(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        if states.dim() == 1:
+            return self.W, self.b
+        n = states.shape[0]
+        return self.W.expand(n, -1, -1), self.b.expand(n, -1)
+
+
+class GatedTeacher(LossTeacher):
+    """W_t = W + sum_r h_r(s_t) W2_r, b_t = b + sum_r h_r(s_t) B2_r; W2 = B2 = 0 at start (= static)."""
+
+    kind = "gated"
+
+    def __init__(self, num_classes: int, state_dim: int, hidden: int = 16, rank: int = 4) -> None:
+        super().__init__(num_classes, state_dim)
+        self.hidden, self.rank = hidden, rank
+        self.h = nn.Sequential(nn.Linear(state_dim, hidden), nn.Tanh(), nn.Linear(hidden, rank), nn.Tanh())
+        self.W2 = nn.Parameter(torch.zeros(rank, num_classes, num_classes))
+        self.B2 = nn.Parameter(torch.zeros(rank, num_classes))
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "hidden": self.hidden, "rank": self.rank}
+
+    def forward(self, states: Tensor) -> tuple[Tensor, Tensor]:
+        z = self.h(states)  # (T, rank) or (rank,)
+        W = self.W + torch.tensordot(z, self.W2, dims=1)
+        b = self.b + torch.tensordot(z, self.B2, dims=1)
+        return W, b
+
+
+def build_teacher(kind: str, num_classes: int, state_dim: int, hidden: int = 16, rank: int = 4) -> LossTeacher:
+    """The teacher model ``kind`` (``static`` | ``gated``); ``attention`` is a one-line ConfigError."""
+    if kind == "static":
+        return StaticTeacher(num_classes, state_dim)
+    if kind == "gated":
+        return GatedTeacher(num_classes, state_dim, hidden, rank)
+    if kind == "attention":
+        raise ConfigError("l2t.teacher_model='attention' is not implemented; choose static or gated")
+    raise ConfigError(f"l2t.teacher_model={kind!r} is not allowed; choose one of: {', '.join(TEACHER_MODELS)}")
+
+
+def save_teacher(path: str | Path, teacher: LossTeacher, state: dict[str, Any]) -> str:
+    """Write the teacher's weights and config (plus ``state``) atomically as safetensors + JSON sidecar."""
+    return save_checkpoint(path, prefixed("teacher/", teacher.state_dict()), {**state, "teacher": teacher.config()})
+
+
+def load_teacher(path: str | Path, device: torch.device | str = "cpu") -> tuple[LossTeacher, dict[str, Any]]:
+    """Rebuild a teacher saved by :func:`save_teacher` (hash-checked); returns (teacher, state)."""
+    tensors, state = load_checkpoint(path)
+    try:
+        c = state["teacher"]
+        teacher = build_teacher(c["teacher_model"], int(c["num_classes"]), int(c["state_dim"]),
+                                int(c.get("hidden", 16)), int(c.get("rank", 4)))
+        teacher.load_state_dict(strip("teacher/", tensors))
+    except (KeyError, TypeError, RuntimeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not an L2T-DLF teacher checkpoint "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    return teacher.to(device), state
