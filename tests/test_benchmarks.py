@@ -1,0 +1,49 @@
+"""Smoke runs of every benchmark script in its smallest setting, so none of them rots unnoticed.
+
+They check that the scripts run and print their tables, not any timing (speed is measured by running the
+benchmarks alone, never asserted in tests).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def run(script: str, *args: str, cwd: Path) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_throughput_small_models(tmp_path):
+    out = run("throughput.py", "--steps", "2", "--batch", "8", "--student", "resnet8", "--teacher", "resnet14",
+              cwd=tmp_path)
+    assert "ratio (c) / ((a) + (b))" in out and "ratio (c) / (d)" in out
+
+
+def test_prokd_study_quick(tmp_path):
+    out = run("prokd_study.py", "--quick", "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert "| Pro-KD |" in out and "| Annealing-KD |" in out
+    assert list((tmp_path / "p").glob("*/curves.png"))
+
+
+def test_mse_teacher_study_quick(tmp_path):
+    out = run("mse_teacher_study.py", "--quick", "--data", "digits", "--methods", "kd,sp", "--seeds", "1",
+              "--out", str(tmp_path / "m"), cwd=tmp_path)
+    assert "| student: sp from MSE teacher |" in out
+
+
+@pytest.mark.parametrize("script, args", [
+    ("l2t_unroll.py", ["--steps", "2", "4", "--repeats", "1"]),
+    ("l2t_study.py", ["--quick", "--seeds", "0", "--epochs", "1"]),
+])
+def test_l2t_benchmarks_quick(tmp_path, script, args):
+    out = run(script, *args, "--out", str(tmp_path / "r.md"), cwd=tmp_path)
+    assert (tmp_path / "r.md").is_file() and out
