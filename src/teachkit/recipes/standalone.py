@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from torch import nn
+
 from teachkit.config import RunConfig
 from teachkit.data.base import Splits
-from teachkit.engine.trainer import Trainer
+from teachkit.engine.trainer import StepFn, Trainer
 from teachkit.losses import OBJECTIVES
 from teachkit.recipes.common import (
     RunResult,
@@ -20,23 +22,29 @@ from teachkit.recipes.common import (
 from teachkit.recipes.registry import RECIPES
 
 
+def label_step(model: nn.Module, cfg: RunConfig) -> StepFn:
+    """The engine step of training ``model`` on labels with objective ``cfg.train.loss``."""
+    objective = OBJECTIVES.get(cfg.train.loss)
+    loss_name, smoothing = cfg.train.loss, cfg.train.label_smoothing
+
+    def step(batch, progress):
+        logits = model(batch.x)
+        return {loss_name: objective(logits, batch.y, smoothing)}, logits
+
+    return step
+
+
 @RECIPES.register("train", "one model on labels with ce / mse / mse-logits (the teacher stage)")
 def train_model(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
                 run_dir: Path | None = None) -> RunResult:
     """Train ``cfg.model`` on ``cfg.data`` with objective ``cfg.train.loss``."""
-    objective = OBJECTIVES.get(cfg.train.loss)
+    OBJECTIVES.get(cfg.train.loss)  # an unknown objective fails before any folder is made
     device = device_of(cfg)
     splits = splits if splits is not None else load_data(cfg.data, device)
     run_dir = prepare_run_dir(cfg, resume, run_dir)
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     model = make_model(cfg.model, splits, device)
-    smoothing = cfg.train.label_smoothing
-
-    def step(batch, progress):
-        logits = model(batch.x)
-        return {cfg.train.loss: objective(logits, batch.y, smoothing)}, logits
-
-    trainer = Trainer(model, step, splits, cfg, run_dir, meta=model_meta(cfg, splits, cfg.train.loss),
+    trainer = Trainer(model, label_step(model, cfg), splits, cfg, run_dir, meta=model_meta(cfg, splits, cfg.train.loss),
                       resume=resume, desc=cfg.name)
     while not trainer.done:
         trainer.run_epoch()

@@ -19,7 +19,6 @@ from teachkit.data.base import Splits
 from teachkit.engine.checkpoint import Trajectory, strip
 from teachkit.engine.trainer import Trainer, weights_state
 from teachkit.errors import CheckpointError, ConfigError
-from teachkit.losses import OBJECTIVES
 from teachkit.recipes.common import (
     FrozenTeacher,
     check_compatible,
@@ -30,6 +29,7 @@ from teachkit.recipes.common import (
     seed_everything,
     with_changes,
 )
+from teachkit.recipes.standalone import label_step
 
 
 def teacher_run_config(cfg: RunConfig, save_every: int = 1) -> RunConfig:
@@ -55,15 +55,9 @@ class TeacherTrajectory:
             teacher_dir = prepare_run_dir(tcfg, resume, run_dir / "teacher")
             seed_everything(tcfg.train.seed, tcfg.train.deterministic)
             model = make_model(tcfg.model, teacher_splits, teacher_splits.train.x.device)
-            objective = OBJECTIVES.get(tcfg.train.loss)
-
-            def step(batch, progress):
-                logits = model(batch.x)
-                return {tcfg.train.loss: objective(logits, batch.y, tcfg.train.label_smoothing)}, logits
-
             meta = model_meta(tcfg, teacher_splits, tcfg.train.loss)
-            self.trainer = Trainer(model, step, teacher_splits, tcfg, teacher_dir, meta=meta, resume=resume,
-                                   desc=f"{cfg.name} teacher")
+            self.trainer = Trainer(model, label_step(model, tcfg), teacher_splits, tcfg, teacher_dir, meta=meta,
+                                   resume=resume, desc=f"{cfg.name} teacher")
             self.trajectory = self.trainer.trajectory
             assert self.trajectory is not None
             if not any(e["epoch"] == 0 for e in self.trajectory.entries):
