@@ -52,30 +52,37 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--student", default="resnet20")
     ap.add_argument("--teacher", default="resnet110")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16 autocast for all four")
+    ap.add_argument("--channels-last", action="store_true", help="channels_last models and batches for all four")
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
     shape, classes, b = (3, 32, 32), 100, args.batch
-    student = build_model(args.student, shape, classes).to(device)
-    teacher = build_model(args.teacher, shape, classes).to(device).eval()
-    x = torch.randn(b, *shape, device=device)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    student = build_model(args.student, shape, classes).to(device, memory_format=fmt)
+    teacher = build_model(args.teacher, shape, classes).to(device, memory_format=fmt).eval()
+    x = torch.randn(b, *shape, device=device).contiguous(memory_format=fmt)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     y = torch.randint(0, classes, (b,), device=device)
     opt = build_optimizer(list(student.parameters()), from_dict({}).optim)
 
     def student_step() -> None:
-        loss = F.cross_entropy(student(x), y)
+        with autocast:
+            loss = F.cross_entropy(student(x).float(), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     @torch.no_grad()
     def teacher_forward() -> None:
-        teacher(x)
+        with autocast:
+            teacher(x)
 
     def plain_kd_step() -> None:
-        with torch.no_grad():
-            zt = teacher(x)
-        zs = student(x)
+        with autocast:
+            with torch.no_grad():
+                zt = teacher(x).float()
+            zs = student(x).float()
         kl = F.kl_div(F.log_softmax(zs / 4, 1), F.softmax(zt / 4, 1), reduction="batchmean") * 16
         loss = 0.1 * F.cross_entropy(zs, y) + 0.9 * kl
         opt.zero_grad(set_to_none=True)
@@ -88,7 +95,8 @@ def main() -> None:
         "shape": list(shape), "num_classes": classes, "n_train": int(n / 0.98) + classes, "n_test": classes,
         "seed": 0}).to(device)
     cfg = from_dict({"data": {"name": "synthetic", "batch_size": b, "augment": "none"},
-                     "train": {"epochs": 1, "progress": False}})
+                     "train": {"epochs": 1, "progress": False, "precision": args.precision,
+                               "channels_last": args.channels_last}})
     frozen = FrozenTeacher(teacher)
     s_tap, t_tap, kd = Tapped(student), Tapped(frozen), HintonKD(0.9, 4.0)
     step_times: list[float] = []
@@ -110,8 +118,9 @@ def main() -> None:
         gaps = [t1 - t0 for t0, t1 in zip(step_times[2:-1], step_times[3:], strict=False)]
         rounds["c"].append(statistics.median(gaps))
     a, bt, c, d = (min(rounds[k]) for k in "abcd")
-    print(f"device {device}, batch {b}, fp32, threads {torch.get_num_threads()}, {args.steps} steps, "
-          f"best of 2 interleaved rounds of medians")
+    layout = ", channels_last" if args.channels_last else ""
+    print(f"device {device}, batch {b}, {args.precision}{layout}, threads {torch.get_num_threads()}, "
+          f"{args.steps} steps, best of 2 interleaved rounds of medians")
     print(f"(a) {args.student} train step      {a * 1e3:8.1f} ms  {b / a:8.0f} img/s")
     print(f"(b) {args.teacher} teacher forward {bt * 1e3:8.1f} ms  {b / bt:8.0f} img/s")
     print(f"(c) teachkit KD step (engine)  {c * 1e3:8.1f} ms  {b / c:8.0f} img/s")

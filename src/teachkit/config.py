@@ -83,6 +83,7 @@ class TrainConfig:
     deterministic: bool = False
     device: str = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
+    channels_last: bool = False
     save_every: int = _f(0, ge=0)
     tensorboard: bool = False
     progress: bool = True

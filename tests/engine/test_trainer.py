@@ -103,3 +103,13 @@ def test_progress_bar_and_epoch_lines(tiny, capsys):
     err_out = capsys.readouterr()
     text = err_out.out + err_out.err
     assert "bar epoch 2/2" in text and "val" in text and "img/s" in text
+
+
+def test_channels_last_and_bf16_train_and_keep_layout(tiny):
+    images = {"shape": [3, 8, 8], "num_classes": 4, "n_train": 120, "n_test": 40}
+    cfg = tiny(name="cl", data={"options": images}, model={"name": "resnet8", "options": {}},
+               train={"epochs": 2, "progress": False, "channels_last": True, "precision": "bf16"})
+    result = train_model(cfg)
+    conv = result.model.conv1.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    assert result.summary["val_acc"] > 25  # learns above chance with both speed options on

@@ -11,7 +11,7 @@ from torch import nn
 
 from teachkit.config import RunConfig
 from teachkit.data.base import Splits
-from teachkit.engine.trainer import Trainer
+from teachkit.engine.trainer import Trainer, to_memory_format
 from teachkit.losses import LOSSES
 from teachkit.losses.distiller import Distiller, as_method_list, build_distiller
 from teachkit.models import Tapped
@@ -73,7 +73,7 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     splits = splits if splits is not None else load_data(cfg.data, device)
     teacher_model, teacher_state = obtain_teacher(cfg, run_dir, resume, device)
     check_compatible(teacher_state, splits)
-    teacher = FrozenTeacher(teacher_model)
+    teacher = FrozenTeacher(to_memory_format(teacher_model, cfg, splits))
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     student = make_model(cfg.model, splits, device)
     loss, s_tap, t_tap = build_distill_loss(cfg, student, teacher, splits)

@@ -17,7 +17,7 @@ from torch import nn
 from teachkit.config import RunConfig
 from teachkit.data.base import Splits
 from teachkit.engine.checkpoint import Trajectory, strip
-from teachkit.engine.trainer import Trainer, weights_state
+from teachkit.engine.trainer import Trainer, to_memory_format, weights_state
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.recipes.common import (
     FrozenTeacher,
@@ -63,7 +63,7 @@ class TeacherTrajectory:
             if not any(e["epoch"] == 0 for e in self.trajectory.entries):
                 self.trajectory.add(0, float("nan"), weights_state(model, None), {**meta, "epoch": 0})
             self.total_epochs = tcfg.train.epochs
-            self.frozen = FrozenTeacher(copy.deepcopy(model))
+            self.frozen = FrozenTeacher(to_memory_format(copy.deepcopy(model), cfg, student_splits))
             self.state = meta
         else:
             if not cfg.teacher.checkpoint:
@@ -80,7 +80,7 @@ class TeacherTrajectory:
             model, state = load_model(folder / "trajectory" / self.trajectory.entries[-1]["file"])
             check_compatible(state, student_splits)
             self.total_epochs = max(e["epoch"] for e in self.trajectory.entries)
-            self.frozen = FrozenTeacher(model.to(student_splits.train.x.device))
+            self.frozen = FrozenTeacher(to_memory_format(model.to(student_splits.train.x.device), cfg, student_splits))
             self.state = state
         self.loaded_epoch: int | None = None
 
