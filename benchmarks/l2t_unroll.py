@@ -1,7 +1,7 @@
 """Cost of one L2T-DLF teacher step (unroll + reverse-mode hypergradient) against the plain unroll.
 
 For T in {8, 16, 32, 64} inner steps and memory modes ``full`` and ``checkpoint``: the median wall time of
-one teacher step (``teachkit.engine.hypergrad.hypergradient``: T forward momentum-SGD steps, the dev
+one teacher step (``teachkit.recipes.l2t.hypergrad.hypergradient``: T forward momentum-SGD steps, the dev
 gradient, T adjoint steps with Hessian-vector products, the teacher VJP) and of the plain forward unroll
 of the same T steps (``unroll``: forward + backward + update per step, the same functional student), their
 ratio (target <= 4x for ``full``; the three are timed in interleaved rounds so that they
@@ -11,8 +11,8 @@ Memory: on CUDA ``torch.cuda.max_memory_allocated`` (after ``reset_peak_memory_s
 held before the call. On CPU (no allocator statistics in torch) the peak of the running sum of tensor
 allocations and frees recorded by ``torch.profiler`` with ``profile_memory=True`` during the call (a
 separate, untimed run): memory the call holds at its peak beyond what existed before it. Student: the MLP
-784-500-10 of the L2T-DLF seed (397,510 parameters, 1.59 MB in fp32), gated teacher, synthetic
-MNIST-shaped batches. One process, one run.
+784-500-10 of the MNIST experiments of Wu et al. 2018 (397,510 parameters, 1.59 MB in fp32), gated teacher,
+synthetic MNIST-shaped batches. One process, one run.
 
     python benchmarks/l2t_unroll.py [--batch 20] [--repeats 7] [--steps 8 16 32 64] [--device cpu]
 """
@@ -28,11 +28,18 @@ from typing import Any
 
 import torch
 
-from teachkit.data.base import Batch
-from teachkit.engine.hypergrad import FunctionalStudent, InnerOptimizer, hypergradient, unroll
-from teachkit.losses.dynamic import l2t_student_loss, smooth_error
 from teachkit.models import build_model
-from teachkit.recipes.l2t import StudentStateTracker, build_teacher
+from teachkit.recipes.l2t import (
+    FunctionalStudent,
+    InnerOptimizer,
+    StudentStateTracker,
+    build_teacher,
+    hypergradient,
+    l2t_student_loss,
+    smooth_error,
+    unroll,
+)
+from teachkit.types import Batch
 
 
 def sync(device: torch.device) -> None:
@@ -77,7 +84,7 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=20, help="inner batch size (the seed's MNIST MLP uses 20)")
+    ap.add_argument("--batch", type=int, default=20, help="inner batch size (the paper's MNIST MLP uses 20)")
     ap.add_argument("--dev-batch", type=int, default=500)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--steps", type=int, nargs="+", default=[8, 16, 32, 64])

@@ -1,1 +1,9 @@
-"""teachkit."""
+"""teachkit: knowledge distillation with the teacher in the loop.
+
+Importing the package registers every built-in dataset, model, loss, evaluator and recipe (and so every
+config section), so a config file can be validated as soon as ``teachkit`` is imported.
+"""
+
+from teachkit import recipes  # noqa: F401  (fills every registry; the package root sits above all layers)
+
+__version__ = "0.1.0"

@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--root", help="folder holding the dataset files (mnist, cifar10, cifar100)")
     ev.add_argument("--split", choices=["val", "test"], default="test")
     ev.add_argument("--select", choices=["last", "best"], default="last", help="which checkpoint of a run folder")
-    ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes")
-    ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "all"], default="all")
+    ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes, evaluators (with options)")
+    ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "all"],
+                    default="all")
     demo = sub.add_parser("demo", help="CE vs MSE teacher, KD vs no-KD students, several seeds (offline)")
     demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k")
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
@@ -42,11 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def summary_line(command: str, result) -> str:
+    """``train finished: RUN  val 88.20%  test 86.18%  (best val ... at epoch k, test there ...)  12.3s``."""
+    s = result.summary
+    m = s.get("select_metric", "acc")
+
+    def fmt(value: float) -> str:
+        return f"{value:.2f}%" if m == "acc" else f"{m} {value:.4g}"
+
+    return (f"{command} finished: {result.run_dir}  val {fmt(s[f'val_{m}'])}  test {fmt(s[f'test_{m}'])}  "
+            f"(best val {fmt(s[f'best_val_{m}'])} at epoch {s['best_epoch']}, test there {fmt(s[f'test_{m}_at_best'])})"
+            f"  {s['wall_time_s']:.1f}s")
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("train", "distill", "run"):
-        from teachkit.config import load_config
+        from teachkit.config import load_config, with_changes
         from teachkit.recipes import RECIPES
-        from teachkit.recipes.common import with_changes
 
         recipe = RECIPES.get({"train": "train", "distill": "kd"}.get(args.command) or args.recipe)
         cfg = load_config(args.config, args.overrides)
@@ -54,16 +67,14 @@ def _run(args: argparse.Namespace) -> int:
             cfg = with_changes(cfg, train={"progress": False})
         result = recipe(cfg, resume=args.resume)
         s = result.summary
-        print(f"{args.command} finished: {result.run_dir}  val {s['val_acc']:.2f}%  test {s['test_acc']:.2f}%  "
-              f"(best val {s['best_val_acc']:.2f}% at epoch {s['best_epoch']}, "
-              f"test there {s['test_acc_at_best']:.2f}%)  {s['wall_time_s']:.1f}s")
+        print(summary_line(args.command, result))
         if "test_acc_omitted" in s:
             print(f"zero/few-shot: test accuracy on omitted classes {s['test_acc_omitted']:.2f}%, "
                   f"on kept classes {s['test_acc_kept']:.2f}%")
         return 0
     if args.command == "eval":
         from teachkit.config import DataConfig, from_dict
-        from teachkit.engine.evaluate import evaluate
+        from teachkit.engine import EVALUATORS
         from teachkit.recipes.common import check_compatible, load_data, load_model
 
         model, state = load_model(args.checkpoint, args.select)
@@ -75,17 +86,20 @@ def _run(args: argparse.Namespace) -> int:
             data_cfg["root"] = args.root
         splits = load_data(from_dict(data_cfg, DataConfig), device="cpu")
         check_compatible(state, splits)
-        metrics = evaluate(model, getattr(splits, args.split))
+        metrics = EVALUATORS.get(splits.task)(splits, 1000).evaluate(model)[args.split]
         print(json.dumps({"checkpoint": str(args.checkpoint), "dataset": splits.name, "split": args.split,
                           **metrics}))
         return 0
     if args.command == "list":
         from teachkit.data import DATASETS
+        from teachkit.engine import EVALUATORS
         from teachkit.losses import LOSSES, OBJECTIVES
         from teachkit.models import MODELS
+        from teachkit.options import describe
         from teachkit.recipes import RECIPES
 
-        groups = {"models": [MODELS], "datasets": [DATASETS], "losses": [OBJECTIVES, LOSSES], "recipes": [RECIPES]}
+        groups = {"models": [MODELS], "datasets": [DATASETS], "losses": [OBJECTIVES, LOSSES], "recipes": [RECIPES],
+                  "evaluators": [EVALUATORS]}
         for name, registries in groups.items():
             if args.what not in (name, "all"):
                 continue
@@ -94,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
                 width = max((len(e.name) for e in reg.entries()), default=0)
                 for e in reg.entries():
                     print(f"  {e.name:<{width}}  {e.description}")
+                    if e.options is not None:
+                        print(f"  {'':<{width}}    options: {describe(e.options)}")
         return 0
     if args.command == "demo":
         from teachkit.experiments.demo import run_demo

@@ -1,6 +1,8 @@
 """Name -> factory registries, filled by decorators next to each definition.
 
-``teachkit list`` prints every registry with one-line descriptions.
+An entry may carry its typed options dataclass (``@LOSSES.register("crd", options=CRDOptions)``); the
+run configuration validates a method's or recipe's options against it generically, so adding one never
+edits ``config.py``. ``teachkit list`` prints every registry with one-line descriptions and options.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from teachkit.errors import ConfigError
 
@@ -26,35 +28,53 @@ class Entry(Generic[T]):
     name: str
     obj: T
     description: str
+    #: the options dataclass of this entry (None: it takes none)
+    options: type | None = None
 
 
 class Registry(Generic[T]):
-    """A named collection of factories (models, datasets, losses, recipes)."""
+    """A named collection of factories (models, datasets, losses, recipes, evaluators).
 
-    def __init__(self, kind: str) -> None:
+    ``on_register(entry)`` runs for every registration (the recipes registry uses it to declare each
+    recipe's config section).
+    """
+
+    def __init__(self, kind: str, on_register: Callable[[Entry[T]], None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._on_register = on_register
 
-    def register(self, name: str, description: str = "") -> Callable[[T], T]:
+    def register(self, name: str, description: str = "", *, options: type | None = None) -> Callable[[T], T]:
         """Decorator: ``@MODELS.register("resnet20", "CIFAR ResNet-20 (He et al. 2016)")``."""
 
         def deco(obj: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             doc = description or (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
-            self._entries[name] = Entry(name, obj, doc)
+            entry = Entry(name, obj, doc, options)
+            self._entries[name] = entry
+            if self._on_register is not None:
+                self._on_register(entry)
             return obj
 
         return deco
 
-    def get(self, name: str) -> T:
-        """The factory registered as ``name``; a one-line ConfigError naming the options otherwise."""
+    def entry(self, name: str) -> Entry[T]:
+        """The entry registered as ``name``; a one-line ConfigError naming the options otherwise."""
         if name not in self._entries:
             options = sorted(self._entries)
             raise ConfigError(
                 f"unknown {self.kind} {name!r}{closest(name, options)}; choose one of: {', '.join(options)}"
             )
-        return self._entries[name].obj
+        return self._entries[name]
+
+    def get(self, name: str) -> T:
+        """The factory registered as ``name``; a one-line ConfigError naming the options otherwise."""
+        return self.entry(name).obj
+
+    def options_of(self, name: str) -> type | None:
+        """The options dataclass registered with ``name`` (None when it takes none)."""
+        return self.entry(name).options
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -69,6 +89,3 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
-
-def describe(obj: Any) -> str:
-    return (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]

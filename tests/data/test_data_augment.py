@@ -111,7 +111,7 @@ def test_bad_arguments() -> None:
 
 def splits_of(shape: tuple[int, ...], default: str = "none") -> Splits:
     s = TensorSplit(torch.zeros(2, *shape), torch.zeros(2, dtype=torch.long))
-    return Splits("t", s, s, s, num_classes=2, image=len(shape) == 3, default_augment=default)
+    return Splits("t", s, s, s, num_classes=2, default_augment=default)
 
 
 def test_make_augment() -> None:

@@ -95,7 +95,7 @@ def check_cifar10(raw, files) -> None:  # type: ignore[no-untyped-def]
         assert raw.train_x[5, c, r, k].item() == pytest.approx(data[1, c * 1024 + r * 32 + k] / 255, abs=1e-7)
     np.testing.assert_allclose(raw.test_x[2].numpy().reshape(-1), files["test_batch"][b"data"][2] / 255.0,
                                atol=1e-7)
-    assert raw.num_classes == 10 and raw.default_augment == "crop_flip" and raw.image
+    assert raw.num_classes == 10 and raw.default_augment == "crop_flip" and raw.task == "classification"
 
 
 def test_py2_style_pickle_is_what_the_originals_hold() -> None:

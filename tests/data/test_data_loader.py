@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from teachkit.data import Augment, BatchLoader
+from teachkit.data import Augment, BatchLoader, DataConfig
 from teachkit.data.base import TensorSplit
 from teachkit.errors import ConfigError
+from teachkit.options import from_mapping
 
 
 def make_split(n: int = 103) -> TensorSplit:
@@ -77,8 +78,9 @@ def test_augmented_batches_reproducible_and_order_unchanged() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ConfigError, match="batch_size"):
-        BatchLoader(make_split(), batch_size=0, shuffle=True, seed=0)
+    # batch sizes are validated once, by the data section (data.batch_size=0 is out of range)
+    with pytest.raises(ConfigError, match="data.batch_size=0 is out of range"):
+        from_mapping(DataConfig, {"batch_size": 0}, "data")
     with pytest.raises(ConfigError, match="drop_last"):
         BatchLoader(make_split(5), batch_size=8, shuffle=True, seed=0, drop_last=True)
 

@@ -60,7 +60,7 @@ def test_reads_plain_and_gz_in_both_layouts(tmp_path: Path, gz: bool, sub: str) 
     assert raw.train_x[4, 0, 27, 3].item() == pytest.approx(img[4, 27, 3] / 255.0, abs=1e-7)
     expected = arrays["t10k-images-idx3-ubyte"][6] / 255.0
     np.testing.assert_allclose(raw.test_x[6, 0].numpy(), expected, atol=1e-7)
-    assert raw.num_classes == 10 and raw.image and raw.default_augment == "none"
+    assert raw.num_classes == 10 and raw.task == "classification" and raw.default_augment == "none"
 
 
 def test_load_splits_on_tiny_mnist(tmp_path: Path) -> None:

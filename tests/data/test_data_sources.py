@@ -27,7 +27,8 @@ def test_digits() -> None:
     s = load_splits("digits")
     # test: round(0.2 * 1797) = 359; val: round(0.1 * 1438) = 144; train: 1438 - 144
     assert (len(s.train), len(s.val), len(s.test)) == (1294, 144, 359)
-    assert s.input_shape == (1, 8, 8) and s.num_classes == 10 and s.image and s.default_augment == "none"
+    assert s.input_shape == (1, 8, 8) and s.num_classes == 10 and s.default_augment == "none"
+    assert s.task == "classification"
     for c, n in enumerate([178, 182, 177, 183, 181, 182, 181, 179, 174, 180]):
         assert abs(counts(s.test.y)[c] - 0.2 * n) <= 1
 
@@ -35,7 +36,7 @@ def test_digits() -> None:
 def test_mnist1d(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_splits("mnist1d")
     assert (len(s.train), len(s.val), len(s.test)) == (3600, 400, 1000)  # package default 4,000 / 1,000
-    assert s.input_shape == (1, 40) and not s.image and s.default_augment == "none"
+    assert s.input_shape == (1, 40) and s.default_augment == "none"
     assert counts(torch.cat([s.train.y, s.val.y, s.test.y])) == [500] * 10  # 5,000 // 10 per class
     # a fresh generation writes nothing into the working directory and leaves the global RNGs alone
     monkeypatch.chdir(tmp_path)

@@ -24,8 +24,8 @@ def ids_source(root: str | None = None, counts: list[int] | tuple[int, ...] = CO
     ids = torch.arange(len(y), dtype=torch.float32)
     x = torch.stack([ids, -2 * ids], 1)[:, :, None]
     if test:
-        return RawDataset(x, y, x[:5] + 1000, y[:5], num_classes=len(counts), image=False, name="ids")
-    return RawDataset(x, y, None, None, num_classes=len(counts), image=False, name="ids")
+        return RawDataset(x, y, x[:5] + 1000, y[:5], num_classes=len(counts), name="ids")
+    return RawDataset(x, y, None, None, num_classes=len(counts), name="ids")
 
 
 @pytest.fixture(autouse=True)
@@ -187,14 +187,14 @@ def test_synthetic_is_deterministic_and_balanced() -> None:
     c = DATASETS.get("synthetic")(None, shape=[2, 4, 4], num_classes=4, n_train=40, n_test=8, seed=8)
     assert torch.equal(a.train_x, b.train_x) and not torch.equal(a.train_x, c.train_x)
     assert Counter(a.train_y.tolist()) == {0: 10, 1: 10, 2: 10, 3: 10}
-    assert a.image and a.train_x.shape == (40, 2, 4, 4) and a.test_x is not None and a.test_x.shape[0] == 8
+    assert a.train_x.shape == (40, 2, 4, 4) and a.test_x is not None and a.test_x.shape[0] == 8
     flat = DATASETS.get("synthetic")(None, shape=[6])
-    assert not flat.image
+    assert flat.train_x.shape[1:] == (6,)
 
 
 def test_splits_to_keeps_statistics() -> None:
     s = load_splits("ids")
     moved = s.to("cpu")
     assert moved.mean is not None and s.mean is not None and torch.equal(moved.mean, s.mean)
-    assert moved.default_augment == s.default_augment and moved.image == s.image
+    assert moved.default_augment == s.default_augment and moved.task == s.task
     assert torch.equal(moved.train.x, s.train.x)

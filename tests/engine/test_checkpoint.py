@@ -80,7 +80,7 @@ def test_optimizer_state_roundtrip_without_pickle(tmp_path, make):
 def test_trajectory_manifest_and_hash(tmp_path):
     traj = Trajectory(tmp_path / "t")
     for epoch in (1, 2, 3):
-        traj.add(epoch, 50.0 + epoch, {"w": torch.full((2,), float(epoch))}, {"epoch": epoch})
+        traj.add(epoch, {"acc": 50.0 + epoch}, {"w": torch.full((2,), float(epoch))}, {"epoch": epoch})
     again = Trajectory(tmp_path / "t")
     assert [e["epoch"] for e in again.entries] == [1, 2, 3]
     assert again.entries[1]["val_acc"] == 52.0

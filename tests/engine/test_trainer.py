@@ -3,11 +3,13 @@ import json
 import pytest
 import torch
 
+from teachkit.data import BatchLoader
+from teachkit.engine import EVALUATORS, ClassificationEvaluator, fit
 from teachkit.engine.checkpoint import load_checkpoint
-from teachkit.engine.trainer import fit
 from teachkit.errors import NonFiniteLossError
 from teachkit.recipes import train_model
 from teachkit.recipes.common import load_data
+from teachkit.types import StepOutput
 
 
 class Interrupt(Exception):
@@ -35,23 +37,21 @@ def test_resume_is_bit_identical(tiny, tmp_path):
     straight = train_model(tiny(name="straight", model=dropout, train={"epochs": 4, "progress": False}))
     cfg = tiny(name="resumed", model=dropout, train={"epochs": 4, "progress": False})
 
-    import teachkit.engine.trainer as trainer
-
-    real_evaluate = trainer.evaluate
+    real_evaluate = ClassificationEvaluator.evaluate
     calls = {"n": 0}
 
-    def crash_after_two_epochs(model, split, batch_size=1000, omitted=()):
+    def crash_after_two_epochs(self, model):
         calls["n"] += 1
-        if calls["n"] == 5:  # val+test of epochs 1-2 done, checkpoint of epoch 2 written
+        if calls["n"] == 3:  # epochs 1-2 evaluated, checkpoint of epoch 2 written
             raise Interrupt
-        return real_evaluate(model, split, batch_size, omitted)
+        return real_evaluate(self, model)
 
-    trainer.evaluate = crash_after_two_epochs
+    ClassificationEvaluator.evaluate = crash_after_two_epochs
     try:
         with pytest.raises(Interrupt):
             train_model(cfg)
     finally:
-        trainer.evaluate = real_evaluate
+        ClassificationEvaluator.evaluate = real_evaluate
     _, state = load_checkpoint(tmp_path / "runs" / "resumed" / "checkpoints" / "last.safetensors")
     assert state["epoch"] == 2
     resumed = train_model(cfg, resume=True)
@@ -72,12 +72,14 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny, tmp_path):
         loss = torch.nn.functional.cross_entropy(logits, batch.y)
         if progress.epoch == 2 and progress.step == 3:
             loss = loss * float("nan")
-        return {"ce": loss}, logits
+        return StepOutput({"ce": loss}, logits)
 
     run_dir = tmp_path / "nan-run"
+    batches = BatchLoader(splits.train, cfg.data.batch_size, shuffle=True, seed=0)
     with pytest.raises(NonFiniteLossError, match=r"loss became nan at epoch 3, step 4; training stopped, "
                                                  r"last good checkpoint .*last.safetensors' \(epoch 2\)"):
-        fit(model, step, splits, cfg, run_dir)
+        fit(model, step, batches, cfg.optim, EVALUATORS.get("classification")(splits, 1000), run_dir,
+            loop=cfg.train.loop())
     tensors, state = load_checkpoint(run_dir / "checkpoints" / "last.safetensors")
     assert state["epoch"] == 2
     assert all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point())

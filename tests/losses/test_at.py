@@ -2,11 +2,10 @@ import pytest
 import torch
 from torch import nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
 from teachkit.losses import Progress
 from teachkit.losses.at import AttentionTransfer
-from teachkit.models.taps import Taps
+from teachkit.types import Batch, Taps
 
 from .helpers import make_pair, one_step
 
@@ -64,14 +63,12 @@ def test_at_pairs_the_last_stages_when_counts_differ():
     assert loss(stage_taps(*s), stage_taps(*t), BATCH, P)["at"].item() == pytest.approx(0.0, abs=1e-7)
 
 
-@pytest.mark.parametrize("pair", [("resnet8", "resnet20"), ("lenet", "resnet20")])
-def test_at_training_step_and_gradient_flow(pair):
-    student, teacher = make_pair(*pair)
-    terms, distiller, teacher = one_step("at", student, teacher)
+def test_at_cross_family_step():
+    student, teacher = make_pair("lenet", "resnet20")
+    terms, objective, teacher = one_step("at", student, teacher)
     assert set(terms) == {"ce", "at"} and all(torch.isfinite(v) for v in terms.values())
-    assert distiller.weights["at"] == 1000.0 and terms["at"].item() > 0
-    assert all(p.grad is None for p in teacher.parameters())
-    assert list(distiller.methods["at"].parameters()) == []  # no auxiliary modules
+    assert objective.weights["at"] == 1000.0 and terms["at"].item() > 0
+    assert list(objective.methods["at"].parameters()) == []  # no auxiliary modules
 
 
 def test_at_missing_or_flat_stages_are_config_errors():

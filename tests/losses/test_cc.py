@@ -2,12 +2,11 @@ import pytest
 import torch
 from torch import nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
 from teachkit.losses import Progress
-from teachkit.losses.cc import CorrelationCongruence
+from teachkit.losses.cc import CCOptions, CorrelationCongruence
 from teachkit.models import Tapped
-from teachkit.models.taps import Taps
+from teachkit.types import Batch, Taps
 
 from .helpers import make_pair, one_step
 
@@ -24,7 +23,7 @@ def test_cc_hand_computed_repdistiller_form():
     # consecutive rows: (1*2 + 2*1) = 4 and (2*1 + 1*1) = 3; mean over the 2 pairs = 3.5
     s = torch.tensor([[0.0, 3.0], [3.0, 0.0], [2.0, 2.0]], requires_grad=True)
     t = torch.ones(3, 2, requires_grad=True)
-    loss = CorrelationCongruence(emb(s), emb(t), feat_dim=2)
+    loss = CorrelationCongruence(emb(s), emb(t), CCOptions(feat_dim=2))
     with torch.no_grad():
         for lin in (loss.embed_s, loss.embed_t):
             lin.weight.copy_(torch.eye(2))
@@ -51,14 +50,12 @@ def test_cc_embeddings_sized_from_probes():
     assert loss.embed_s.out_features == loss.embed_t.out_features == 128
 
 
-@pytest.mark.parametrize("pair,opts", [(("resnet8", "resnet20"), None), (("mlp", "resnet20"), {"hidden": [32]})])
-def test_cc_training_step_and_gradient_flow(pair, opts):
-    student, teacher = make_pair(*pair, student_opts=opts)
-    terms, distiller, teacher = one_step("cc", student, teacher)
+def test_cc_cross_family_step_trains_both_embeddings():
+    student, teacher = make_pair("mlp", "resnet20", student_opts={"hidden": [32]})
+    terms, objective, teacher = one_step("cc", student, teacher)
     assert set(terms) == {"ce", "cc"} and all(torch.isfinite(v) for v in terms.values())
-    assert distiller.weights["cc"] == 0.02
-    assert all(p.grad is None for p in teacher.parameters())
-    aux = list(distiller.methods["cc"].parameters())
+    assert objective.weights["cc"] == 0.02
+    aux = list(objective.methods["cc"].parameters())
     assert len(aux) == 4 and all(p.grad is not None and p.grad.abs().sum() > 0 for p in aux)
 
 
@@ -70,4 +67,4 @@ def test_cc_missing_embedding_tap_and_bad_option():
     with pytest.raises(ConfigError, match="'cc' needs the student's 'embedding' tap"):
         CorrelationCongruence(Taps(torch.zeros(2, 10)), emb(torch.zeros(2, 3)))
     with pytest.raises(ConfigError, match="feat_dim"):
-        CorrelationCongruence(emb(torch.zeros(2, 3)), emb(torch.zeros(2, 3)), feat_dim=0)
+        CorrelationCongruence(emb(torch.zeros(2, 3)), emb(torch.zeros(2, 3)), CCOptions(feat_dim=0))

@@ -5,12 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from teachkit.data.base import Batch
 from teachkit.engine.checkpoint import load_checkpoint, save_checkpoint
 from teachkit.errors import ConfigError
-from teachkit.losses import LOSSES, Progress, build_distiller
-from teachkit.losses.crd import CRD, nce_loss
-from teachkit.models.taps import Taps
+from teachkit.losses import LOSSES, Progress, build_objective
+from teachkit.losses.crd import CRD, CRDOptions, nce_loss
+from teachkit.types import Batch, Taps
 
 from .helpers import make_pair, one_step
 
@@ -24,7 +23,7 @@ def _taps(n: int, dim: int, seed: int) -> Taps:
 
 def _crd(num_samples: int = 4, **opts) -> CRD:
     torch.manual_seed(0)
-    return CRD(_taps(2, 5, 1), _taps(2, 6, 2), num_classes=2, num_samples=num_samples, **opts)
+    return CRD(_taps(2, 5, 1), _taps(2, 6, 2), CRDOptions(**opts), num_classes=2, num_samples=num_samples)
 
 
 def _batch(index: list[int]) -> Batch:
@@ -33,7 +32,8 @@ def _batch(index: list[int]) -> Batch:
 
 def test_defaults_buffers_and_state_dict():
     cls = LOSSES.get("crd")
-    assert cls is CRD and cls.default_weight == 0.8 and cls.needs == ("embedding",)
+    assert cls is CRD and cls.default_weight == 0.8
+    assert cls.student_needs == cls.teacher_needs == ("embedding",) and cls.term_names == ("student", "teacher")
     loss = _crd(num_samples=100000)
     assert (loss.feat_dim, loss.nce_k, loss.nce_t, loss.nce_m) == (128, 16384, 0.07, 0.5)
     keys = set(loss.state_dict())
@@ -41,8 +41,8 @@ def test_defaults_buffers_and_state_dict():
     assert loss.memory_s.shape == (100000, 128) and loss.z_s.item() == -1
     stdv = 1 / math.sqrt(128 / 3)
     assert loss.memory_t.abs().max() <= stdv and loss.memory_t.std() == pytest.approx(stdv / math.sqrt(3), rel=0.02)
-    # checkpointed through the Distiller (the engine saves extra.state_dict())
-    d = build_distiller("crd", _taps(2, 5, 1), _taps(2, 6, 2), num_classes=2, num_samples=10)
+    # checkpointed through the objective (the engine saves its state_dict())
+    d = build_objective("crd", _taps(2, 5, 1), _taps(2, 6, 2), num_classes=2, num_samples=10)
     assert {"methods.crd.memory_s", "methods.crd.memory_t", "methods.crd.z_s"} <= set(d.state_dict())
     assert d.weights == {"crd": 0.8}
 
@@ -143,8 +143,8 @@ def test_loss_decreases_on_separable_embeddings():
     n = 32
     t_emb = torch.randn(n, 12)
     s_emb = t_emb @ torch.randn(12, 10) + 0.05 * torch.randn(n, 10)
-    loss = CRD(Taps(torch.zeros(2, 2), s_emb[:2]), Taps(torch.zeros(2, 2), t_emb[:2]), num_samples=n,
-               feat_dim=16, nce_k=8)
+    loss = CRD(Taps(torch.zeros(2, 2), s_emb[:2]), Taps(torch.zeros(2, 2), t_emb[:2]),
+               CRDOptions(feat_dim=16, nce_k=8), num_samples=n)
     opt = torch.optim.SGD(loss.parameters(), lr=0.5, momentum=0.9)
     batch = Batch(torch.zeros(n, 1), torch.zeros(n, dtype=torch.long), torch.arange(n))
     history = []
@@ -175,9 +175,12 @@ def test_config_errors():
         CRD(Taps(torch.zeros(2, 2)), t, num_samples=4)
     with pytest.raises(ConfigError, match="at least 2 samples"):
         CRD(s, t, num_samples=1)
-    for key, value in (("nce_t", 0), ("nce_m", 1.5), ("feat_dim", 0), ("nce_k", 2.5)):
-        with pytest.raises(ConfigError, match=rf"kd.options.crd.{key}={value!r} is not allowed"):
-            CRD(s, t, num_samples=4, **{key: value})
+    for key, value, message in (("nce_t", 0, r"nce_t=0.0 is out of range: must be > 0"),
+                                ("nce_m", 1.5, r"nce_m=1.5 is out of range: must be >= 0.0 and <= 1.0"),
+                                ("feat_dim", 0, r"feat_dim=0 is out of range: must be >= 1"),
+                                ("nce_k", 2.5, r"nce_k=2.5 is not allowed: expected an integer")):
+        with pytest.raises(ConfigError, match=rf"^kd.options.crd.{message}"):
+            build_objective("crd", s, t, num_classes=2, num_samples=4, options={"crd": {key: value}})
 
 
 def test_float32_under_bfloat16_autocast():
@@ -188,48 +191,55 @@ def test_float32_under_bfloat16_autocast():
     assert loss.memory_s.dtype == torch.float32
 
 
-@pytest.mark.parametrize(("student", "teacher"), [("resnet8", "resnet20"), ("lenet", "resnet20")])
-def test_one_step_gradients_reach_student_and_embeddings_only(student, teacher):
-    s, t = make_pair(student, teacher)
-    terms, distiller, teacher = one_step("crd", s, t)
+def test_cross_family_step_trains_both_embeddings():
+    s, t = make_pair("lenet", "resnet20")
+    terms, objective, teacher = one_step("crd", s, t)
     assert set(terms) == {"ce", "crd.student", "crd.teacher"}
     assert all(torch.isfinite(v) for v in terms.values())
-    assert all(p.grad is None for p in teacher.parameters())
-    crd = distiller.methods["crd"]
+    crd = objective.methods["crd"]
     assert all(p.grad is not None for p in crd.parameters())
-    assert all(p.grad is not None for p in s.parameters())
     assert crd.nce_k == 63 and crd.z_s.item() > 0
 
 
-class Interrupt(Exception):
-    pass
+def test_no_host_sync_after_the_first_call(monkeypatch):
+    """Z is set on the device and the index range is checked once: later calls never read a tensor back."""
+    loss = _crd(num_samples=16, feat_dim=4, nce_k=5)
+    loss(_taps(2, 5, 3), _taps(2, 6, 4), _batch([0, 1]), P)  # first call: one sync for the index range
+
+    def sync(*args, **kwargs):
+        raise AssertionError("host sync in CRD's per-step path")
+
+    for name in ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    z_before = loss.z_s.clone()
+    for step in range(3):
+        out = loss(_taps(2, 5, 5 + step), _taps(2, 6, 9 + step), _batch([2 + step, 7]), P)
+        sum(out.values()).backward()
+    monkeypatch.undo()
+    assert torch.equal(loss.z_s, z_before) and all(torch.isfinite(v) for v in out.values())
 
 
-def test_kd_recipe_resume_is_bit_identical(tiny, monkeypatch):
-    """3 epochs straight == 1 epoch, crash, resume (memory banks, Z and the RNG come back)."""
-    import teachkit.engine.trainer as trainer
-    from teachkit.recipes import distill
+def test_index_range_is_checked_on_the_first_call_only():
+    loss = _crd(num_samples=4, feat_dim=3, nce_k=2)
+    s, t = _taps(2, 5, 3), _taps(2, 6, 4)
+    with pytest.raises(ConfigError, match=r"in \[0, 4\) \(the bank's size\); got values 1 .. 4"):
+        loss(s, t, _batch([1, 4]), P)
+    loss(s, t, _batch([1, 3]), P)  # a failed check does not count: this first good call is checked
+    assert loss._index_range_checked
+    fresh = _crd(num_samples=4, feat_dim=3, nce_k=2)  # e.g. after a resume: checked again
+    with pytest.raises(ConfigError, match="got values -1 .. 0"):
+        fresh(s, t, _batch([-1, 0]), P)
+    # shape and dtype are still checked on every call (metadata, no sync)
+    with pytest.raises(ConfigError, match="must be 2 integers"):
+        loss(s, t, Batch(torch.zeros(2, 1), torch.zeros(2), torch.tensor([0.0, 1.0])), P)
 
-    def cfg(name: str, teacher: dict):
-        return tiny(name=name, kd={"method": "crd"}, train={"epochs": 3, "progress": False}, teacher=teacher)
 
-    first = distill(cfg("first", {}))
-    teacher = {"checkpoint": str(first.run_dir / "teacher")}
-    straight = distill(cfg("straight", teacher))
-    real, calls = trainer.evaluate, {"n": 0}
-
-    def crash_in_epoch_two(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:  # epoch 1 evaluated and checkpointed
-            raise Interrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "evaluate", crash_in_epoch_two)
-    with pytest.raises(Interrupt):
-        distill(cfg("resumed", teacher))
-    monkeypatch.setattr(trainer, "evaluate", real)
-    resumed = distill(cfg("resumed", teacher), resume=True)
-    for key, value in straight.model.state_dict().items():
-        assert torch.equal(value, resumed.model.state_dict()[key]), key
-    assert straight.history[-1]["train"] == resumed.history[-1]["train"]
-    assert {"crd.student", "crd.teacher"} <= set(straight.history[-1]["train"])
+def test_float64_end_to_end():
+    loss = _crd(num_samples=8, feat_dim=4, nce_k=3).double()
+    assert loss.memory_s.dtype == loss.z_s.dtype == torch.float64
+    s, t = _taps(2, 5, 3), _taps(2, 6, 4)
+    s64 = Taps(s.logits.double(), s.embedding.double())
+    t64 = Taps(t.logits.double(), t.embedding.double())
+    out = loss(s64, t64, _batch([0, 1]), P)
+    assert all(v.dtype == torch.float64 and torch.isfinite(v) for v in out.values())
+    assert loss.memory_s.dtype == loss.memory_t.dtype == torch.float64 and loss.z_s.item() > 0

@@ -3,11 +3,10 @@ import math
 import pytest
 import torch
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
-from teachkit.losses import LOSSES, Progress, build_distiller
-from teachkit.losses.kd import HintonKD, kd_kl
-from teachkit.models.taps import Taps
+from teachkit.losses import LOSSES, Progress, build_objective
+from teachkit.losses.kd import HintonKD, KDOptions, kd_kl
+from teachkit.types import Batch, Taps
 
 P = Progress(0, 0, 1, 1)
 KL_QUARTER = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # KL([1/4, 3/4] || [1/2, 1/2])
@@ -26,11 +25,11 @@ def test_kd_temperature_scaling_and_batchmean():
     assert kd_kl(zs, zt, 2.0).item() == pytest.approx(4 * KL_QUARTER, abs=1e-6)
 
 
-def test_distiller_hinton_weights_ce_and_kd():
+def test_objective_hinton_weights_ce_and_kd():
     zs = torch.zeros(1, 2, requires_grad=True)
     zt = torch.tensor([[0.0, math.log(3)]])
     batch = Batch(torch.zeros(1, 1), torch.tensor([1]), torch.tensor([0]))
-    d = build_distiller("kd", Taps(zs), Taps(zt), num_classes=2, num_samples=1, alpha=0.9, temperature=1.0)
+    d = build_objective("kd", Taps(zs), Taps(zt), num_classes=2, num_samples=1, alpha=0.9, temperature=1.0)
     terms = d(Taps(zs), Taps(zt), batch, P)
     assert terms["ce"].item() == pytest.approx(0.1 * math.log(2), abs=1e-6)
     assert terms["kd"].item() == pytest.approx(0.9 * KL_QUARTER, abs=1e-6)
@@ -41,11 +40,11 @@ def test_distiller_hinton_weights_ce_and_kd():
 def test_alpha_extremes_and_ce_weight_override():
     taps = Taps(torch.zeros(1, 3))
     batch = Batch(torch.zeros(1, 1), torch.tensor([0]), torch.tensor([0]))
-    only_kd = build_distiller("kd", taps, taps, num_classes=3, num_samples=1, alpha=1.0)
+    only_kd = build_objective("kd", taps, taps, num_classes=3, num_samples=1, alpha=1.0)
     assert set(only_kd(taps, taps, batch, P)) == {"kd"}
-    only_ce = build_distiller("kd", taps, taps, num_classes=3, num_samples=1, alpha=0.0)
+    only_ce = build_objective("kd", taps, taps, num_classes=3, num_samples=1, alpha=0.0)
     assert set(only_ce(taps, taps, batch, P)) == {"ce"}
-    custom = build_distiller("kd", taps, taps, num_classes=3, num_samples=1, ce_weight=1.0)
+    custom = build_objective("kd", taps, taps, num_classes=3, num_samples=1, ce_weight=1.0)
     assert custom.ce_weight == 1.0 and custom.weights == {"kd": 0.9}
 
 
@@ -53,15 +52,28 @@ def test_gamma_validation_and_options():
     taps = Taps(torch.zeros(1, 3))
     kw = {"num_classes": 3, "num_samples": 1}
     with pytest.raises(ConfigError, match=r"kd.gamma.kd=-1 is not allowed: must be a finite number >= 0"):
-        build_distiller("kd", taps, taps, gamma={"kd": -1}, **kw)
+        build_objective("kd", taps, taps, gamma={"kd": -1}, **kw)
     with pytest.raises(ConfigError, match="kd.gamma.kd=inf"):
-        build_distiller("kd", taps, taps, gamma={"kd": float("inf")}, **kw)
+        build_objective("kd", taps, taps, gamma={"kd": float("inf")}, **kw)
     with pytest.raises(ConfigError, match="kd.gamma.at names a method that is not in"):
-        build_distiller("kd", taps, taps, gamma={"at": 1}, **kw)
-    with pytest.raises(ConfigError, match=r"kd.options.kd.temp is not an option of 'kd' \(did you mean 'temperature'"):
-        build_distiller("kd", taps, taps, options={"kd": {"temp": 2}}, **kw)
+        build_objective("kd", taps, taps, gamma={"at": 1}, **kw)
+    with pytest.raises(ConfigError, match=r"'kd.options.kd.temp' \(did you mean 'temperature'"):
+        build_objective("kd", taps, taps, options={"kd": {"temp": 2}}, **kw)
     with pytest.raises(ConfigError, match="unknown distillation loss 'kdd'"):
-        build_distiller(["kdd"], taps, taps, **kw)
-    d = build_distiller("kd", taps, taps, options={"kd": {"temperature": 2.0}}, **kw)
+        build_objective(["kdd"], taps, taps, **kw)
+    d = build_objective("kd", taps, taps, options={"kd": {"temperature": 2.0}}, **kw)
     assert isinstance(d.methods["kd"], HintonKD) and d.methods["kd"].temperature == 2.0
     assert "kd" in LOSSES
+
+
+def test_temperature_defaults_to_kd_temperature_and_to_4_when_built_directly():
+    taps = Taps(torch.zeros(1, 3))
+    kw = {"num_classes": 3, "num_samples": 1}
+    assert build_objective("kd", taps, taps, **kw).methods["kd"].temperature == 4.0
+    assert build_objective("kd", taps, taps, temperature=2.5, **kw).methods["kd"].temperature == 2.5
+    # an explicit kd.options.kd.temperature wins over kd.temperature
+    both = build_objective("kd", taps, taps, temperature=2.5, options={"kd": {"temperature": 3.0}}, **kw)
+    assert both.methods["kd"].temperature == 3.0
+    assert HintonKD(taps, taps).temperature == 4.0
+    assert HintonKD(taps, taps, KDOptions(temperature=1.5)).temperature == 1.5
+    assert KDOptions().temperature is None

@@ -50,3 +50,13 @@ def test_mse_minimiser_is_the_class_probability():
 
 def test_registry_has_three_objectives():
     assert set(OBJECTIVES.names()) == {"ce", "mse", "mse-logits"}
+
+
+def test_dtypes_at_least_float32_and_float64_kept():
+    y = torch.tensor([0, 2])
+    for fn in (cross_entropy, softmax_mse, logit_mse):
+        z = torch.tensor([[2.0, -1.0, 0.0], [0.5, 0.0, 1.0]])
+        assert fn(z.bfloat16(), y).dtype == torch.float32
+        value64 = fn(z.double(), y)
+        assert value64.dtype == torch.float64
+        assert value64.item() == pytest.approx(fn(z, y).item(), rel=1e-6)

@@ -4,11 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
 from teachkit.losses import Progress
 from teachkit.losses.pkt import PKT
-from teachkit.models.taps import Taps
+from teachkit.types import Batch, Taps
 
 from .helpers import make_pair, one_step
 
@@ -45,14 +44,12 @@ def test_pkt_batch_permutation_invariance_and_zero_at_match():
     assert loss(emb(2.0 * t), emb(t), BATCH, P)["pkt"].item() == pytest.approx(0.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("pair,opts", [(("resnet8", "resnet20"), None), (("mlp", "resnet20"), {"hidden": [32]})])
-def test_pkt_training_step_and_gradient_flow(pair, opts):
-    student, teacher = make_pair(*pair, student_opts=opts)
-    terms, distiller, teacher = one_step("pkt", student, teacher)
+def test_pkt_cross_family_step():
+    student, teacher = make_pair("mlp", "resnet20", student_opts={"hidden": [32]})
+    terms, objective, teacher = one_step("pkt", student, teacher)
     assert set(terms) == {"ce", "pkt"} and all(torch.isfinite(v) for v in terms.values())
-    assert distiller.weights["pkt"] == 30000.0
-    assert all(p.grad is None for p in teacher.parameters())
-    assert list(distiller.methods["pkt"].parameters()) == []
+    assert objective.weights["pkt"] == 30000.0
+    assert list(objective.methods["pkt"].parameters()) == []
 
 
 def test_pkt_missing_embedding_tap():

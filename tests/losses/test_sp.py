@@ -4,11 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
 from teachkit.losses import Progress
 from teachkit.losses.sp import SimilarityPreserving
-from teachkit.models.taps import Taps
+from teachkit.types import Batch, Taps
 
 from .helpers import make_pair, one_step
 
@@ -48,14 +47,12 @@ def test_sp_batch_permutation_invariance():
     assert s.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("pair", [("resnet8", "resnet20"), ("lenet", "resnet20")])
-def test_sp_training_step_and_gradient_flow(pair):
-    student, teacher = make_pair(*pair)
-    terms, distiller, teacher = one_step("sp", student, teacher)
+def test_sp_cross_family_step():
+    student, teacher = make_pair("lenet", "resnet20")
+    terms, objective, teacher = one_step("sp", student, teacher)
     assert set(terms) == {"ce", "sp"} and all(torch.isfinite(v) for v in terms.values())
-    assert distiller.weights["sp"] == 3000.0
-    assert all(p.grad is None for p in teacher.parameters())
-    assert list(distiller.methods["sp"].parameters()) == []
+    assert objective.weights["sp"] == 3000.0
+    assert list(objective.methods["sp"].parameters()) == []
 
 
 def test_sp_missing_stages_tap():

@@ -28,10 +28,10 @@ def test_distill_trains_teacher_in_command_and_keeps_it_frozen(tiny):
 
 
 def test_teacher_gets_no_gradient_and_stays_in_eval(tiny, monkeypatch):
-    import teachkit.recipes.kd as kd
+    import teachkit.recipes.teacher as teacher
 
     seen = {}
-    real = kd.FrozenTeacher
+    real = teacher.FrozenTeacher
 
     class Spy(real):
         def forward(self, x):
@@ -40,7 +40,7 @@ def test_teacher_gets_no_gradient_and_stays_in_eval(tiny, monkeypatch):
             seen["requires_grad"] = out.requires_grad
             return out
 
-    monkeypatch.setattr(kd, "FrozenTeacher", Spy)
+    monkeypatch.setattr(teacher, "FrozenTeacher", Spy)
     distill(tiny(name="spy", model={"name": "mlp", "options": {"hidden": [8], "dropout": 0.5}},
                  teacher={"model": {"name": "mlp", "options": {"hidden": [8], "dropout": 0.5}}, "epochs": 1}))
     assert seen == {"training": False, "requires_grad": False}
@@ -110,7 +110,7 @@ def test_combined_methods_and_resume_of_auxiliary_state(tiny):
     from teachkit.engine.checkpoint import load_checkpoint
 
     tensors, _ = load_checkpoint(result.run_dir / "checkpoints" / "last.safetensors")
-    assert any(k.startswith("extra/methods.crd.memory") for k in tensors)  # CRD memory bank is checkpointed
+    assert any(k.startswith("objective/methods.crd.memory") for k in tensors)  # CRD memory bank is checkpointed
 
 
 def test_feature_method_on_model_without_taps_is_one_line_error(tiny):
@@ -118,3 +118,36 @@ def test_feature_method_on_model_without_taps_is_one_line_error(tiny):
     with pytest.raises(ConfigError) as e:
         distill(cfg)
     assert "\n" not in str(e.value)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_crd_resume_is_bit_identical(tiny, monkeypatch):
+    """3 epochs straight == 1 epoch, crash, resume (memory banks, Z and the RNG come back)."""
+    from teachkit.engine import ClassificationEvaluator
+
+    def cfg(name: str, teacher: dict):
+        return tiny(name=name, kd={"method": "crd"}, train={"epochs": 3, "progress": False}, teacher=teacher)
+
+    first = distill(cfg("first", {}))
+    teacher = {"checkpoint": str(first.run_dir / "teacher")}
+    straight = distill(cfg("straight", teacher))
+    real, calls = ClassificationEvaluator.evaluate, {"n": 0}
+
+    def crash_in_epoch_two(self, model):
+        calls["n"] += 1
+        if calls["n"] == 2:  # epoch 1 evaluated and checkpointed
+            raise Interrupt
+        return real(self, model)
+
+    monkeypatch.setattr(ClassificationEvaluator, "evaluate", crash_in_epoch_two)
+    with pytest.raises(Interrupt):
+        distill(cfg("resumed", teacher))
+    monkeypatch.setattr(ClassificationEvaluator, "evaluate", real)
+    resumed = distill(cfg("resumed", teacher), resume=True)
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    assert straight.history[-1]["train"] == resumed.history[-1]["train"]
+    assert {"crd.student", "crd.teacher"} <= set(straight.history[-1]["train"])

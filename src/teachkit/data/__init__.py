@@ -6,9 +6,10 @@
 
 from teachkit.data.augment import AUGMENT_KINDS, Augment, make_augment
 from teachkit.data.base import Batch, Splits, TensorSplit
+from teachkit.data.config import DataConfig
 from teachkit.data.loader import BatchLoader
 from teachkit.data.raw import DATASETS, RawDataset, load_raw
-from teachkit.data.splits import load_splits
+from teachkit.data.splits import load_splits, splits_for
 
-__all__ = ["AUGMENT_KINDS", "DATASETS", "Augment", "Batch", "BatchLoader", "RawDataset", "Splits",
-           "TensorSplit", "load_raw", "load_splits", "make_augment"]
+__all__ = ["AUGMENT_KINDS", "DATASETS", "Augment", "Batch", "BatchLoader", "DataConfig", "RawDataset", "Splits",
+           "TensorSplit", "load_raw", "load_splits", "make_augment", "splits_for"]

@@ -1,20 +1,15 @@
-"""Core data types: tensors held in memory, batches carrying dataset indices."""
+"""Data held in memory: splits of tensors (``Batch`` itself is a neutral type in ``teachkit.types``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from teachkit.types import Batch
 
-class Batch(NamedTuple):
-    """One mini-batch. ``index`` is each sample's position in its split (CRD needs it)."""
-
-    x: Tensor
-    y: Tensor
-    index: Tensor
+__all__ = ["Batch", "Splits", "TensorSplit"]
 
 
 @dataclass
@@ -36,9 +31,10 @@ class Splits:
     """Train / val / test splits of one dataset, normalised with train statistics.
 
     ``val`` is a fixed, seeded, class-stratified slice carved from the training data; model
-    selection and early stopping read it, never ``test``. ``image`` says whether spatial
-    augmentation (pad-crop, flip) makes sense for this data. ``mean`` / ``std`` (shape (C,), channel =
-    dim 1 of ``x``) are the statistics every split was normalised with; ``None`` when not normalised.
+    selection and early stopping read it, never ``test``. ``task`` names the evaluator that measures
+    models on it (``classification``); ``default_augment`` is the augmentation ``data.augment=auto``
+    picks. ``mean`` / ``std`` (shape (C,), channel = dim 1 of ``x``) are the statistics every split was
+    normalised with; ``None`` when not normalised.
     ``omitted`` lists classes removed from ``train`` only (zero-/few-shot KD).
     """
 
@@ -47,8 +43,8 @@ class Splits:
     val: TensorSplit
     test: TensorSplit
     num_classes: int
-    image: bool = True
     default_augment: str = "none"
+    task: str = "classification"
     mean: Tensor | None = None
     std: Tensor | None = None
     #: classes left out of ``train`` (zero-/few-shot KD); val and test keep them

@@ -172,8 +172,7 @@ def load_cifar(root: str | None, spec: CifarSpec) -> RawDataset:
     train, test = parts[:-1], parts[-1]
     x = torch.cat([p[0] for p in train]) if len(train) > 1 else train[0][0]
     y = torch.cat([p[1] for p in train]) if len(train) > 1 else train[0][1]
-    return RawDataset(x, y, test[0], test[1], num_classes=spec.num_classes, image=True,
-                      default_augment="crop_flip", name=spec.name)
+    return RawDataset(x, y, test[0], test[1], num_classes=spec.num_classes, default_augment="crop_flip", name=spec.name)
 
 
 @DATASETS.register("cifar10", "CIFAR-10 50,000/10,000 images (3, 32, 32), 10 classes, from root "

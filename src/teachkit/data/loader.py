@@ -34,10 +34,6 @@ class BatchLoader:
 
     def __init__(self, split: TensorSplit, batch_size: int, shuffle: bool, seed: int,
                  augment: Augment | None = None, drop_last: bool = False) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
         if drop_last and len(split) < batch_size:
             raise ConfigError(f"batch_size={batch_size} with drop_last leaves no batch: the split holds "
                               f"{len(split)} samples")

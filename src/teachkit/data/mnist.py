@@ -101,4 +101,4 @@ def mnist(root: str | None = None) -> RawDataset:
     files = find_mnist_files(root)
     x, y = read_mnist_pair(files["train-images-idx3-ubyte"], files["train-labels-idx1-ubyte"])
     xt, yt = read_mnist_pair(files["t10k-images-idx3-ubyte"], files["t10k-labels-idx1-ubyte"])
-    return RawDataset(x, y, xt, yt, num_classes=10, image=True, default_augment="none", name="mnist")
+    return RawDataset(x, y, xt, yt, num_classes=10, default_augment="none", name="mnist")

@@ -32,8 +32,9 @@ class RawDataset:
     test_x: Tensor | None
     test_y: Tensor | None
     num_classes: int
-    image: bool = True
     default_augment: str = "none"
+    #: what the targets are (``classification``: int64 class ids); names the evaluator that measures models
+    task: str = "classification"
     name: str = ""
 
     def validate(self) -> None:

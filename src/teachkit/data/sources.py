@@ -26,7 +26,7 @@ def digits(root: str | None = None) -> RawDataset:
     bunch = datasets.load_digits()
     x = torch.tensor(np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 1, 8, 8)
     y = torch.tensor(np.asarray(bunch.target, dtype=np.int64))
-    return RawDataset(x, y, None, None, num_classes=10, image=True, default_augment="none", name="digits")
+    return RawDataset(x, y, None, None, num_classes=10, default_augment="none", name="digits")
 
 
 @functools.lru_cache(maxsize=4)
@@ -58,7 +58,7 @@ def mnist1d(root: str | None = None, num_samples: int = 5000, seed: int = 42) ->
     seed = int_option("mnist1d", "seed", seed, 0)
     x, y, xt, yt = _mnist1d_arrays(num_samples, seed)
     return RawDataset(torch.tensor(x).unsqueeze(1), torch.tensor(y), torch.tensor(xt).unsqueeze(1),
-                      torch.tensor(yt), num_classes=10, image=False, default_augment="none", name="mnist1d")
+                      torch.tensor(yt), num_classes=10, default_augment="none", name="mnist1d")
 
 
 @functools.lru_cache(maxsize=1)
@@ -84,7 +84,7 @@ def mnist5k(root: str | None = None) -> RawDataset:
     pixels 0..255 scaled to [0, 1]."""
     x, y = _mnist5k_arrays()
     return RawDataset(torch.tensor(x / 255.0).reshape(-1, 1, 28, 28), torch.tensor(y), None, None,
-                      num_classes=10, image=True, default_augment="none", name="mnist5k")
+                      num_classes=10, default_augment="none", name="mnist5k")
 
 
 @DATASETS.register("synthetic", "class-conditional Gaussians (options: shape, num_classes, n_train, "
@@ -113,5 +113,5 @@ def synthetic(root: str | None = None, shape: Any = (3, 32, 32), num_classes: in
 
     x, y = draw(n_train)
     xt, yt = draw(n_test)
-    return RawDataset(x, y, xt, yt, num_classes=num_classes, image=len(shape) == 3, default_augment="none",
+    return RawDataset(x, y, xt, yt, num_classes=num_classes, default_augment="none",
                       name="synthetic")

@@ -25,8 +25,10 @@ from torch import Tensor
 
 from teachkit.data import cifar, mnist, sources  # noqa: F401  (register the sources)
 from teachkit.data.base import Splits, TensorSplit
+from teachkit.data.config import DataConfig
 from teachkit.data.raw import load_raw
 from teachkit.errors import ConfigError, DataError
+from teachkit.options import from_mapping
 
 TEST_FRACTION = Fraction(1, 5)
 
@@ -126,8 +128,6 @@ def omit_from_transfer_set(train: TensorSplit, omit_classes: list[int], few_shot
         if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < num_classes:
             raise ConfigError(f"data.omit_classes contains {c!r} but dataset {name!r} has classes "
                               f"0..{num_classes - 1}")
-    if isinstance(few_shot, bool) or not isinstance(few_shot, int) or few_shot < 0:
-        raise ConfigError(f"data.few_shot={few_shot!r} is not allowed: must be an integer >= 0")
     omitted = torch.zeros(num_classes, dtype=torch.bool)
     omitted[list(omit_classes)] = True
     keep = ~omitted[train.y.cpu()]
@@ -141,24 +141,29 @@ def omit_from_transfer_set(train: TensorSplit, omit_classes: list[int], few_shot
     return train.subset(keep.nonzero().flatten())
 
 
-def load_splits(name: str, root: str | None = None, val_fraction: float = 0.1, split_seed: int = 0,
+def load_splits(name: str | DataConfig, root: str | None = None, val_fraction: float = 0.1, split_seed: int = 0,
                 train_subset: int | None = None, options: dict[str, Any] | None = None,
                 omit_classes: list[int] | tuple[int, ...] = (), few_shot: int = 0) -> Splits:
     """Dataset ``name`` as normalised train / val / test splits (see the module docstring).
 
-    ``omit_classes`` / ``few_shot`` remove classes from the training split only (keeping ``few_shot``
-    examples of each), after ``train_subset``; val and test keep every class.
+    ``name`` may be a whole :class:`DataConfig`; otherwise the arguments are validated as the ``data``
+    section of a config. ``omit_classes`` / ``few_shot`` remove classes from the training split only
+    (keeping ``few_shot`` examples of each), after ``train_subset``; val and test keep every class.
     """
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, int | float) \
-            or not 0 < val_fraction < 1:
-        raise ConfigError(f"val_fraction must be a number strictly between 0 and 1, got {val_fraction!r}")
-    if isinstance(split_seed, bool) or not isinstance(split_seed, int):
-        raise ConfigError(f"split_seed must be an integer, got {split_seed!r}")
-    if train_subset is not None and (isinstance(train_subset, bool) or not isinstance(train_subset, int)):
-        raise ConfigError(f"train_subset must be an integer or null, got {train_subset!r}")
-    raw = load_raw(name, root, options)
-    k, image, default_augment = raw.num_classes, raw.image, raw.default_augment
-    g = torch.Generator().manual_seed(split_seed)
+    if isinstance(name, DataConfig):
+        return splits_for(name)
+    cfg = from_mapping(DataConfig, {"name": name, "root": root, "val_fraction": val_fraction, "split_seed": split_seed,
+                                    "train_subset": train_subset, "options": options or {},
+                                    "omit_classes": list(omit_classes), "few_shot": few_shot}, "data")
+    return splits_for(cfg)
+
+
+def splits_for(cfg: DataConfig) -> Splits:
+    """The splits a validated ``data`` section describes (a teacher uses ``cfg.full()``)."""
+    name, val_fraction, train_subset = cfg.name, cfg.val_fraction, cfg.train_subset
+    raw = load_raw(name, cfg.root, cfg.options)
+    k, default_augment = raw.num_classes, raw.default_augment
+    g = torch.Generator().manual_seed(cfg.split_seed)
 
     x, y = raw.train_x, raw.train_y
     if raw.test_x is None or raw.test_y is None:
@@ -177,6 +182,7 @@ def load_splits(name: str, root: str | None = None, val_fraction: float = 0.1, s
                         "leaves an empty val split")
     val = TensorSplit(x[held], y[held])
     train = TensorSplit(x[rest], y[rest])
+    task = raw.task
     del x, y, raw
 
     mean, std = channel_stats(train.x)
@@ -185,11 +191,9 @@ def load_splits(name: str, root: str | None = None, val_fraction: float = 0.1, s
             raise ConfigError(f"train_subset={train_subset} is out of range: the {name!r} train split holds "
                               f"{len(train)} samples, so choose 1..{len(train)}")
         train = train.subset(stratified_subset(train.y, k, train_subset, g))
-    if omit_classes:
-        train = omit_from_transfer_set(train, list(omit_classes), few_shot, k, g, name)
-    elif few_shot:
-        raise ConfigError(f"data.few_shot={few_shot} needs data.omit_classes (the classes to keep {few_shot} of)")
+    if cfg.omit_classes:
+        train = omit_from_transfer_set(train, list(cfg.omit_classes), cfg.few_shot, k, g, name)
 
     splits = [TensorSplit(normalise(s.x, mean, std), s.y) for s in (train, val, test)]
-    return Splits(name, *splits, num_classes=k, image=image, default_augment=default_augment,
-                  mean=mean, std=std, omitted=tuple(sorted(set(omit_classes))))
+    return Splits(name, *splits, num_classes=k, default_augment=default_augment, task=task,
+                  mean=mean, std=std, omitted=tuple(sorted(set(cfg.omit_classes))))

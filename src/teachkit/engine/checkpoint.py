@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +144,31 @@ class Trajectory:
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise CheckpointError(f"trajectory manifest {str(manifest)!r} is malformed") from None
 
-    def add(self, epoch: int, val_acc: float, tensors: dict[str, Tensor], state: dict) -> None:
-        name = f"epoch_{epoch:04d}.safetensors"
+    @staticmethod
+    def file_name(epoch: int) -> str:
+        """The checkpoint file of ``epoch`` inside the trajectory folder."""
+        return f"epoch_{epoch:04d}.safetensors"
+
+    def add(self, epoch: int, val: Mapping[str, float], tensors: dict[str, Tensor], state: dict) -> None:
+        """Save the weights after ``epoch`` and list them with their validation metrics (``val_acc``, ...)."""
+        name = self.file_name(epoch)
         digest = save_checkpoint(self.folder / name, tensors, state)
         self.entries = [e for e in self.entries if e["epoch"] != epoch]
-        self.entries.append({"epoch": epoch, "val_acc": val_acc, "file": name, "sha256": digest})
+        self.entries.append({"epoch": epoch, **{f"val_{k}": v for k, v in val.items()}, "file": name,
+                             "sha256": digest})
         self.entries.sort(key=lambda e: e["epoch"])
         write_json(self.folder / self.MANIFEST, {"checkpoints": self.entries})
+
+    def path(self, epoch: int) -> Path:
+        """The file holding the checkpoint after ``epoch`` (a CheckpointError when there is none)."""
+        for e in self.entries:
+            if e["epoch"] == epoch:
+                return self.folder / e["file"]
+        raise CheckpointError(f"trajectory {str(self.folder)!r} has no checkpoint for epoch {epoch}")
+
+    @property
+    def epochs(self) -> list[int]:
+        return [e["epoch"] for e in self.entries]
 
     def truncate(self, last_epoch: int) -> None:
         """Forget entries after ``last_epoch`` (used on resume)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from teachkit.config import OptimConfig
+from teachkit.engine.optim import OptimConfig
 
 
 def lr_factor(cfg: OptimConfig, epoch: int, step: int, steps_per_epoch: int, epochs: int) -> float:

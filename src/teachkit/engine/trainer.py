@@ -1,32 +1,44 @@
-"""The one training loop every recipe uses.
+"""The one training loop every recipe and every task uses.
 
-``fit(model, step_fn, splits, cfg, run_dir)``: ``step_fn(batch, progress)`` returns the named
-loss terms and the logits of the model being trained; the engine does the rest once: optimiser,
-warm-up and schedule, autocast, backward, clipping, NaN guard, per-epoch val/test evaluation, the
-best-on-val record, checkpoints (atomic, exact resume), trajectory, metrics, progress bar.
+``fit(modules, step_fn, batches, optim, evaluator, run_dir, loop=...)`` takes only what it needs:
 
-:class:`Trainer` is the same loop one epoch at a time (``run_epoch``), for recipes that interleave
-two models (Pro-KD trains teacher and student in turn). Each Trainer owns its random stream: the
-global torch RNG is swapped in for its epochs and out afterwards, so interleaving two trainers
-gives each exactly the stream it would have alone (online and replay Pro-KD agree bit for bit).
+- ``modules``: the trainable modules by name; the first one (``model``) is the one evaluated; all are
+  optimised, checkpointed (``<name>/<param>``) and resumed together (a distillation objective's
+  regressors and memory banks train with the student);
+- ``step_fn(batch, progress) -> StepOutput``: named loss terms, plus the outputs the evaluator's training
+  metrics read (classification: the logits);
+- ``batches``: any :class:`~teachkit.types.BatchSource`, reproducible per (seed, epoch);
+- ``optim``: :class:`~teachkit.engine.optim.OptimConfig` (optimiser, warm-up and schedule, clipping);
+- ``evaluator``: a :class:`~teachkit.types.Evaluator` (val/test metrics; the selection metric);
+- ``loop``: :class:`LoopConfig` (epochs, seed, precision, selection, what the run folder keeps);
+- ``callbacks``: :class:`Callback` objects called at each epoch's start and end.
+
+The engine does everything else once: autocast, backward, clipping, the NaN guard, per-epoch
+evaluation, the best-on-val record, atomic checkpoints with exact resume, the trajectory, metrics.jsonl,
+summary.json and the progress bar. It never reads the run configuration and never builds data.
+
+Host syncs: one per step, the NaN guard reading the loss (the progress bar's running values travel in
+the same transfer); metrics accumulate on the device and are read once per epoch.
+
+:class:`Trainer` is the same loop one epoch at a time (``run_epoch``), for recipes that interleave two
+models (Pro-KD trains teacher and student in turn). Each Trainer owns its random stream: the global
+torch RNG is swapped in for its epochs and out afterwards, so interleaving two trainers gives each
+exactly the stream it would have alone (online and replay Pro-KD agree bit for bit).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from teachkit.config import OptimConfig, RunConfig
-from teachkit.data import BatchLoader, make_augment
-from teachkit.data.base import Batch, Splits
 from teachkit.engine.checkpoint import (
     Trajectory,
     load_checkpoint,
@@ -36,14 +48,31 @@ from teachkit.engine.checkpoint import (
     save_checkpoint,
     strip,
 )
-from teachkit.engine.evaluate import evaluate
+from teachkit.engine.optim import OptimConfig, build_optimizer
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
 from teachkit.errors import ConfigError, NonFiniteLossError
-from teachkit.losses.base import Progress
+from teachkit.options import Options, option
+from teachkit.types import Batch, BatchSource, Evaluator, Progress, StepOutput
 
-StepFn = Callable[[Batch, Progress], tuple[dict[str, Tensor], Tensor]]
-EpochHook = Callable[[int], None]
+StepFn = Callable[[Batch, Progress], StepOutput]
+
+
+@dataclass
+class LoopConfig(Options):
+    """What the loop needs besides the optimiser: length, seed of its random stream, precision, how the
+    best checkpoint is selected (``select_metric``, default the evaluator's primary metric; ``select_mode``
+    ``auto`` = the evaluator's direction for that metric) and what the run folder keeps."""
+
+    epochs: int = option(10, ge=1)
+    seed: int = 0
+    precision: Literal["fp32", "bf16"] = "fp32"
+    channels_last: bool = False
+    save_every: int = option(0, ge=0)
+    tensorboard: bool = False
+    progress: bool = True
+    select_metric: str | None = None
+    select_mode: Literal["auto", "max", "min"] = "auto"
 
 
 @dataclass
@@ -54,14 +83,34 @@ class FitResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def build_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
-                               weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+class Callback:
+    """Hooks around each epoch; subclass and override what you need."""
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        """Before epoch ``epoch`` (0-based) trains."""
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """After the epoch's record, checkpoints and metrics line are written."""
+
+
+class EpochHooks(Callback):
+    """A :class:`Callback` from plain functions: ``start(epoch)`` and ``end(record)``."""
+
+    def __init__(self, start: Callable[[int], None] | None = None,
+                 end: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.start, self.end = start, end
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        if self.start is not None:
+            self.start(epoch)
+
+    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        if self.end is not None:
+            self.end(record)
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a ConfigError otherwise."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -73,22 +122,13 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def memory_format(cfg: RunConfig, splits: Splits) -> torch.memory_format | None:
-    """``torch.channels_last`` when ``train.channels_last`` is set and the inputs are images, else None."""
-    return torch.channels_last if cfg.train.channels_last and len(splits.input_shape) == 3 else None
+def channels_last(model: nn.Module, enabled: bool) -> nn.Module:
+    """``model`` with 4-D weights in channels_last layout when ``enabled`` (no-op for other models)."""
+    return model.to(memory_format=torch.channels_last) if enabled else model
 
 
-def to_memory_format(model: nn.Module, cfg: RunConfig, splits: Splits) -> nn.Module:
-    """``model`` in the layout ``train.channels_last`` asks for (teachers too, for the KD step's speed)."""
-    fmt = memory_format(cfg, splits)
-    return model.to(memory_format=fmt) if fmt is not None else model
-
-
-def weights_state(model: nn.Module, extra: nn.Module | None) -> dict[str, Tensor]:
-    tensors = prefixed("model/", model.state_dict())
-    if extra is not None:
-        tensors.update(prefixed("extra/", extra.state_dict()))
-    return tensors
+def _batch_channels_last(t: Tensor) -> Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
 
 
 class RandomStream:
@@ -112,11 +152,16 @@ class RandomStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.capture()
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self._outer[1], self.device)
+        torch.set_rng_state(self._outer[0])
+
+    def capture(self) -> None:
+        """Record the current global state as this stream's (call inside its ``with``)."""
         self.cpu = torch.get_rng_state()
         if self.cuda is not None:
             self.cuda = torch.cuda.get_rng_state(self.device)
-            torch.cuda.set_rng_state(self._outer[1], self.device)
-        torch.set_rng_state(self._outer[0])
 
     def tensors(self) -> dict[str, Tensor]:
         out = {"rng/torch": self.cpu}
@@ -130,44 +175,52 @@ class RandomStream:
             self.cuda = tensors["rng/cuda"]
 
 
-class Trainer:
-    """Train ``model`` (and the trainable ``extra`` modules, e.g. a loss's regressors) with ``step_fn``.
+def flat_metrics(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    return {f"{prefix}_{k}": v for k, v in metrics.items()}
 
-    Writes ``run_dir/checkpoints/{last,best}.safetensors``, ``metrics.jsonl``, ``summary.json`` and,
-    with ``train.save_every=k``, ``trajectory/``. ``meta`` (model name, shapes, ...) is stored in every
-    checkpoint so that it can be loaded on its own. ``resume=True`` continues from ``last`` (or starts
-    afresh if no epoch was finished). ``on_epoch_start(epoch)`` runs before each epoch (0-based),
-    ``on_epoch_end(record)`` after it.
+
+class Trainer:
+    """Train ``modules`` with ``step_fn`` over ``batches``; see the module docstring for the arguments.
+
+    Writes ``run_dir/checkpoints/{last,best}.safetensors``, ``metrics.jsonl``, ``summary.json`` and, with
+    ``loop.save_every=k``, ``trajectory/``. ``meta`` (model name, shapes, ...) is stored in every checkpoint
+    so that it can be loaded on its own. ``resume=True`` continues from ``last`` (or starts afresh if no
+    epoch was finished).
     """
 
-    def __init__(self, model: nn.Module, step_fn: StepFn, splits: Splits, cfg: RunConfig, run_dir: str | Path, *,
-                 extra: nn.Module | None = None, meta: dict[str, Any] | None = None, resume: bool = False,
-                 on_epoch_start: EpochHook | None = None,
-                 on_epoch_end: Callable[[dict[str, Any]], None] | None = None, desc: str = "train") -> None:
-        self.model, self.step_fn, self.splits, self.cfg, self.extra = model, step_fn, splits, cfg, extra
+    def __init__(self, modules: nn.Module | Mapping[str, nn.Module], step_fn: StepFn, batches: BatchSource,
+                 optim: OptimConfig, evaluator: Evaluator, run_dir: str | Path, *, loop: LoopConfig,
+                 callbacks: Sequence[Callback] = (), meta: dict[str, Any] | None = None, resume: bool = False,
+                 desc: str = "train") -> None:
+        self.modules = dict(modules) if isinstance(modules, Mapping) else {"model": modules}
+        if not self.modules:
+            raise ValueError("Trainer needs at least one module")
+        self.model = next(iter(self.modules.values()))
+        self.step_fn, self.batches, self.optim_cfg, self.evaluator = step_fn, batches, optim, evaluator
+        self.loop, self.callbacks, self.desc = loop, list(callbacks), desc
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.meta = dict(meta or {})
-        self.on_epoch_start, self.on_epoch_end, self.desc = on_epoch_start, on_epoch_end, desc
-        tc = cfg.train
-        self.device = next(model.parameters()).device
-        self.memory_format = memory_format(cfg, splits)
-        to_memory_format(model, cfg, splits)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if extra is not None:
-            self.params += [p for p in extra.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, cfg.optim)
-        self.loader = BatchLoader(splits.train, cfg.data.batch_size, shuffle=True, seed=tc.seed,
-                                  augment=make_augment(cfg.data.augment, splits))
-        self.steps = len(self.loader)
+        self.device = next(self.model.parameters()).device
+        for module in self.modules.values():
+            channels_last(module, loop.channels_last)
+        self.params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, optim)
+        self.steps = len(batches)
+        self.select_metric = loop.select_metric or evaluator.primary
+        if self.select_metric not in evaluator.metric_names():
+            raise ConfigError(f"train.select_metric={self.select_metric!r} is not a metric of this task; choose one "
+                              f"of: {', '.join(evaluator.metric_names())}")
+        mode = loop.select_mode if loop.select_mode != "auto" else evaluator.direction(self.select_metric)
+        self.maximise = mode == "max"
         ckpt_dir = self.run_dir / "checkpoints"
         self.last_path, self.best_path = ckpt_dir / "last.safetensors", ckpt_dir / "best.safetensors"
-        self.log = RunLog(self.run_dir, tc.tensorboard)
-        self.trajectory = Trajectory(self.run_dir / "trajectory") if tc.save_every else None
-        self.rng = RandomStream(tc.seed, self.device)
+        self.log = RunLog(self.run_dir, loop.tensorboard)
+        self.trajectory = Trajectory(self.run_dir / "trajectory") if loop.save_every else None
+        self.rng = RandomStream(loop.seed, self.device)
         self.history: list[dict[str, Any]] = []
         self.epoch = 0  # epochs completed
-        self.best: dict[str, Any] = {"epoch": 0, "val_acc": -1.0}
+        self.best: dict[str, Any] = {"epoch": 0}
         self.wall_before = 0.0
         self.samples_seen = 0
         self.train_time = 0.0
@@ -178,9 +231,8 @@ class Trainer:
 
     def _resume(self) -> None:
         tensors, state = load_checkpoint(self.last_path)
-        self.model.load_state_dict(strip("model/", tensors))
-        if self.extra is not None:
-            self.extra.load_state_dict(strip("extra/", tensors))
+        for name, module in self.modules.items():
+            module.load_state_dict(strip(f"{name}/", tensors))
         optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
         self.rng.load(tensors)
         self.epoch, self.best, self.wall_before = state["epoch"], state["best"], state.get("wall_time_s", 0.0)
@@ -190,7 +242,7 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return self.epoch >= self.cfg.train.epochs
+        return self.epoch >= self.loop.epochs
 
     def keep_checkpoint_at(self, epochs: set[int]) -> None:
         """Also keep trajectory checkpoints after these epochs (e.g. phase boundaries)."""
@@ -198,109 +250,158 @@ class Trainer:
         if self.trajectory is None and self.extra_checkpoints:
             self.trajectory = Trajectory(self.run_dir / "trajectory")
 
+    def weights(self) -> dict[str, Tensor]:
+        tensors: dict[str, Tensor] = {}
+        for name, module in self.modules.items():
+            tensors.update(prefixed(f"{name}/", module.state_dict()))
+        return tensors
+
     def run_epoch(self) -> dict[str, Any]:
-        """Train one epoch, evaluate on val and test, write checkpoints and the metrics line."""
+        """Train one epoch, evaluate, write checkpoints and the metrics line, then call the callbacks."""
         epoch = self.epoch
-        if self.on_epoch_start is not None:
-            self.on_epoch_start(epoch)
+        for cb in self.callbacks:
+            cb.on_epoch_start(self, epoch)
         with self.rng:
             record = self._train_epoch(epoch)
         self.epoch = epoch + 1
-        if self.on_epoch_end is not None:
-            self.on_epoch_end(record)
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, record)
         return record
 
+    def _nonfinite(self, value: float, epoch: int, step: int) -> NonFiniteLossError:
+        kept = (f"last good checkpoint {str(self.last_path)!r} (epoch {epoch})"
+                if epoch > 0 else "no checkpoint was written yet")
+        return NonFiniteLossError(f"loss became {value} at epoch {epoch + 1}, step {step + 1}; training stopped, "
+                                  f"{kept}")
+
     def _train_epoch(self, epoch: int) -> dict[str, Any]:
-        tc, oc, model, extra = self.cfg.train, self.cfg.optim, self.model, self.extra
-        model.train()
-        if extra is not None:
-            extra.train()
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=tc.precision == "bf16")
-        sums: dict[str, float] = {}
-        correct = seen = 0
+        loop, oc = self.loop, self.optim_cfg
+        for module in self.modules.values():
+            module.train()
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=loop.precision == "bf16")
+        sums: dict[str, Tensor] = {}
+        seen = 0
         lr = oc.lr
         t_epoch = time.perf_counter()
-        bar = tqdm(self.loader.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{tc.epochs}",
-                   disable=not tc.progress, leave=False, dynamic_ncols=True)
+        show = loop.progress
+        bar = tqdm(self.batches.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{loop.epochs}",
+                   disable=not show, leave=False, dynamic_ncols=True)
         for step, batch in enumerate(bar):
-            if self.memory_format is not None:
-                batch = Batch(batch.x.contiguous(memory_format=self.memory_format), batch.y, batch.index)
-            progress = Progress(epoch, step, tc.epochs, self.steps)
-            lr = oc.lr * lr_factor(oc, epoch, step, self.steps, tc.epochs)
+            if loop.channels_last:
+                batch = batch.map_x(_batch_channels_last)
+            progress = Progress(epoch, step, loop.epochs, self.steps)
+            lr = oc.lr * lr_factor(oc, epoch, step, self.steps, loop.epochs)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             with autocast:
-                terms, logits = self.step_fn(batch, progress)
-            loss = sum(terms.values())
-            value = float(loss.detach())
+                out = self.step_fn(batch, progress)
+            loss = sum(out.terms.values())
+            n = batch.size
+            seen += n
+            with torch.no_grad():
+                stats = {"loss": loss.detach(), **{k: v.detach() for k, v in out.terms.items()}}
+                for k, v in stats.items():
+                    sums[f"train.{k}"] = sums.get(f"train.{k}", 0) + v.double() * n
+                extra = self.evaluator.train_metrics(out.outputs, batch) if out.outputs is not None else {}
+                for k, v in {**extra, **out.metrics}.items():
+                    sums[k] = sums.get(k, 0) + v.double()
+            # the step's one host sync: the NaN guard (and the progress bar's running values)
+            if show:
+                shown = [k for k in ("train_acc",) if k in sums]
+                host = torch.stack([stats["loss"].double(), sums["train.loss"], *(sums[k] for k in shown)]).tolist()
+                value = host[0]
+            else:
+                value = float(stats["loss"])
             if not math.isfinite(value):
-                kept = (f"last good checkpoint {str(self.last_path)!r} (epoch {epoch})"
-                        if epoch > 0 else "no checkpoint was written yet")
-                raise NonFiniteLossError(f"loss became {value} at epoch {epoch + 1}, step {step + 1}; "
-                                         f"training stopped, {kept}")
+                raise self._nonfinite(value, epoch, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if oc.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.params, oc.grad_clip)
             self.optimizer.step()
-            n = batch.y.shape[0]
-            seen += n
-            correct += int((logits.detach().argmax(1) == batch.y).sum())
-            for k, v in terms.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach()) * n
-            sums["loss"] = sums.get("loss", 0.0) + value * n
-            if tc.progress:
-                bar.set_postfix(loss=f"{sums['loss'] / seen:.4f}", acc=f"{100 * correct / seen:.1f}",
-                                img_s=f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}")
+            if show:
+                post = {"loss": f"{host[1] / seen:.4f}"}
+                if shown:
+                    post["acc"] = f"{host[2] / seen:.1f}"
+                post["img_s"] = f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}"
+                bar.set_postfix(post)
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
         self.train_time += epoch_time
         self.samples_seen += seen
-        bs, omitted = self.cfg.data.eval_batch_size, self.splits.omitted
-        val = evaluate(model, self.splits.val, bs, omitted)
-        test = evaluate(model, self.splits.test, bs, omitted)
-        record = {"epoch": epoch + 1, "lr": lr, "train": {k: v / seen for k, v in sums.items()},
-                  "train_acc": 100 * correct / seen, "val": val, "test": test,
+        names = list(sums)
+        values = torch.stack(list(sums.values())).tolist() if names else []
+        means = {k: v / max(1, seen) for k, v in zip(names, values, strict=True)}
+        train = {k[len("train."):]: v for k, v in means.items() if k.startswith("train.")}
+        train = {"loss": train.pop("loss"), **train} if "loss" in train else train
+        results = self.evaluator.evaluate(self.model)
+        val = results.get("val", {})
+        record = {"epoch": epoch + 1, "lr": lr, "train": train,
+                  **{k: v for k, v in means.items() if not k.startswith("train.")}, **results,
                   "epoch_time_s": epoch_time, "images_per_s": seen / max(1e-9, epoch_time)}
         self.history.append(record)
-        weights = weights_state(model, extra)
-        base_state = {**self.meta, "epoch": epoch + 1, "val_acc": val["acc"], "test_acc": test["acc"]}
-        if val["acc"] > self.best["val_acc"]:
-            self.best = {"epoch": epoch + 1, "val_acc": val["acc"], "test_acc": test["acc"]}
-            save_checkpoint(self.best_path, weights, base_state)
-        if self.trajectory is not None and ((tc.save_every and (epoch + 1) % tc.save_every == 0)
+        weights = self.weights()
+        state = {**self.meta, "epoch": epoch + 1, **{f"{s}_{k}": v for s, m in results.items() for k, v in m.items()}}
+        if self._better(val.get(self.select_metric, float("nan"))):
+            self.best = {"epoch": epoch + 1, "metric": self.select_metric, **results}
+            save_checkpoint(self.best_path, weights, state)
+        if self.trajectory is not None and ((loop.save_every and (epoch + 1) % loop.save_every == 0)
                                             or epoch + 1 in self.extra_checkpoints):
-            self.trajectory.add(epoch + 1, val["acc"], weights, base_state)
+            self.trajectory.add(epoch + 1, val, weights, state)
         opt_tensors, opt_struct = optimizer_to_flat(self.optimizer)
-        self.rng.cpu = torch.get_rng_state()  # this trainer's stream as of now (inside its context)
-        if self.rng.cuda is not None:
-            self.rng.cuda = torch.cuda.get_rng_state(self.device)
+        self.rng.capture()  # this trainer's stream as of now (inside its context)
         wall = self.wall_before + time.perf_counter() - self.t_start
         save_checkpoint(self.last_path, {**weights, **opt_tensors, **self.rng.tensors()},
-                        {**base_state, "best": self.best, "optimizer": opt_struct, "wall_time_s": wall})
+                        {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": wall})
         self.log.log(record)
-        if tc.progress:
-            tqdm.write(f"{self.desc} epoch {epoch + 1}/{tc.epochs}  loss {record['train']['loss']:.4f}  "
-                       f"train {record['train_acc']:.1f}%  val {val['acc']:.2f}%  test {test['acc']:.2f}%  "
-                       f"({record['images_per_s']:.0f} img/s)")
+        if loop.progress:
+            tqdm.write(self._epoch_line(record))
         return record
 
+    def _better(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        best = self.best.get("val", {}).get(self.select_metric)
+        if best is None:
+            return True
+        return value > best if self.maximise else value < best
+
+    def _epoch_line(self, r: dict[str, Any]) -> str:
+        def fmt(name: str, value: float) -> str:
+            return f"{value:.2f}%" if name.startswith("acc") or name.endswith("acc") else f"{value:.4g}"
+
+        parts = [f"{self.desc} epoch {r['epoch']}/{self.loop.epochs}", f"loss {r['train']['loss']:.4f}"]
+        if "train_acc" in r:
+            parts.append(f"train {r['train_acc']:.1f}%")
+        m = self.select_metric
+        for split in ("val", "test"):
+            if m in r.get(split, {}):
+                parts.append(f"{split} {fmt(m, r[split][m]) if m == 'acc' else m + ' ' + fmt(m, r[split][m])}")
+        return "  ".join(parts) + f"  ({r['images_per_s']:.0f} img/s)"
+
     def finish(self, **extra_summary: Any) -> FitResult:
-        """Write ``summary.json`` (last and best-on-val results, wall time, img/s) and close the logs."""
-        last = self.history[-1] if self.history else {"epoch": self.epoch, "val": {"acc": float("nan")},
-                                                      "test": {"acc": float("nan")}}
+        """Write ``summary.json`` (last and best-on-val results, wall time, img/s) and close the logs.
+
+        For the selection metric ``m`` (``acc`` by default) the summary holds ``val_m`` / ``test_m`` (last
+        epoch), ``best_val_m``, ``test_m_at_best`` and ``best_epoch``; every other metric as ``val_*`` /
+        ``test_*`` of the last epoch."""
+        m = self.select_metric
+        last = self.history[-1] if self.history else {"epoch": self.epoch}
+        nan = float("nan")
+        best = self.best
         summary = {
             **self.meta,
-            "epochs": self.cfg.train.epochs,
+            "epochs": self.loop.epochs,
             "last_epoch": last["epoch"],
-            "val_acc": last["val"]["acc"],
-            "test_acc": last["test"]["acc"],
-            "best_epoch": self.best["epoch"],
-            "best_val_acc": self.best["val_acc"],
-            "test_acc_at_best": self.best.get("test_acc", float("nan")),
-            **{f"test_{k}": v for k, v in last["test"].items() if k in ("acc_omitted", "acc_kept", "top5")},
+            f"val_{m}": last.get("val", {}).get(m, nan),
+            f"test_{m}": last.get("test", {}).get(m, nan),
+            "select_metric": m,
+            "best_epoch": best["epoch"],
+            f"best_val_{m}": best.get("val", {}).get(m, nan),
+            f"test_{m}_at_best": best.get("test", {}).get(m, nan),
+            **{k: v for split in ("val", "test") for k, v in flat_metrics(split, last.get(split, {})).items()},
             "wall_time_s": self.wall_before + time.perf_counter() - self.t_start,
-            "images_per_s": self.samples_seen / self.train_time if self.train_time else float("nan"),
+            "images_per_s": self.samples_seen / self.train_time if self.train_time else nan,
             **extra_summary,
         }
         self.log.summary(summary)
@@ -308,12 +409,12 @@ class Trainer:
         return FitResult(summary, self.history)
 
 
-def fit(model: nn.Module, step_fn: StepFn, splits: Splits, cfg: RunConfig, run_dir: str | Path, *,
-        extra: nn.Module | None = None, meta: dict[str, Any] | None = None, resume: bool = False,
-        on_epoch_end: Callable[[dict[str, Any]], None] | None = None, desc: str = "train") -> FitResult:
-    """Train for ``cfg.train.epochs`` epochs with :class:`Trainer` and return its summary and history."""
-    trainer = Trainer(model, step_fn, splits, cfg, run_dir, extra=extra, meta=meta, resume=resume,
-                      on_epoch_end=on_epoch_end, desc=desc)
+def fit(modules: nn.Module | Mapping[str, nn.Module], step_fn: StepFn, batches: BatchSource, optim: OptimConfig,
+        evaluator: Evaluator, run_dir: str | Path, *, loop: LoopConfig, callbacks: Sequence[Callback] = (),
+        meta: dict[str, Any] | None = None, resume: bool = False, desc: str = "train") -> FitResult:
+    """Train for ``loop.epochs`` epochs with :class:`Trainer` and return its summary and history."""
+    trainer = Trainer(modules, step_fn, batches, optim, evaluator, run_dir, loop=loop, callbacks=callbacks, meta=meta,
+                      resume=resume, desc=desc)
     while not trainer.done:
         trainer.run_epoch()
     return trainer.finish()

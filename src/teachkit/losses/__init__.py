@@ -1,4 +1,9 @@
-"""Objectives for one model (``OBJECTIVES``) and distillation losses (``LOSSES``)."""
+"""Objectives for one model (``OBJECTIVES``) and distillation losses (``LOSSES``).
+
+Every distillation loss implements :class:`DistillLoss` and registers itself with its typed options;
+:func:`build_objective` combines the configured ones into a :class:`DistillObjective` (the student's
+full loss), and :func:`needs_of` says which taps of the student and the teacher they read.
+"""
 
 from teachkit.losses import (  # each distillation loss module registers itself
     at,  # noqa: F401
@@ -15,9 +20,9 @@ from teachkit.losses import (  # each distillation loss module registers itself
     vid,  # noqa: F401
 )
 from teachkit.losses.base import DistillLoss, Progress
-from teachkit.losses.distiller import Distiller, build_distiller
-from teachkit.losses.objectives import OBJECTIVES, cross_entropy, logit_mse, softmax_mse
+from teachkit.losses.label_losses import OBJECTIVES, cross_entropy, logit_mse, softmax_mse
+from teachkit.losses.objective import DistillObjective, KDConfig, build_objective, needs_of
 from teachkit.losses.registry import LOSSES
 
-__all__ = ["DistillLoss", "Distiller", "build_distiller", "Progress", "OBJECTIVES", "LOSSES",
-           "cross_entropy", "softmax_mse", "logit_mse"]
+__all__ = ["DistillLoss", "DistillObjective", "KDConfig", "build_objective", "needs_of", "Progress", "OBJECTIVES",
+           "LOSSES", "cross_entropy", "softmax_mse", "logit_mse"]

@@ -1,86 +1,84 @@
-"""Shared loss types: training progress and the distillation-loss interface."""
+"""The distillation-loss contract every method implements.
+
+A :class:`DistillLoss` compares the taps of a student and a frozen teacher and returns named
+*unweighted* terms; :class:`~teachkit.losses.objective.DistillObjective` weights and sums them. Each
+loss module registers its class with its typed options dataclass next to its definition::
+
+    @dataclass
+    class CRDOptions(Options):
+        feat_dim: int = option(128, ge=1)
+
+    @LOSSES.register("crd", "Contrastive Representation Distillation ...", options=CRDOptions)
+    class CRD(DistillLoss):
+        student_needs = teacher_needs = ("embedding",)
+        term_names = ("student", "teacher")
+        def __init__(self, student, teacher, options=None, *, num_classes=0, num_samples=0): ...
+
+The run configuration validates ``kd.options.<method>`` against the registered dataclass (types, ranges,
+choices; one-line errors naming the key), so a loss never re-checks its options; it only checks what
+depends on the models (tap shapes, stage indices), at construction from the probed taps.
+"""
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor, nn
 
-from teachkit.data.base import Batch
-from teachkit.errors import ConfigError
-from teachkit.models.taps import Taps
-from teachkit.registry import closest
+from teachkit.types import Batch, Progress, Taps, TrainingStage
 
-
-@dataclass(frozen=True)
-class Progress:
-    """Where training is: ``epoch`` counts from 0; ``fraction`` of all steps done, in [0, 1)."""
-
-    epoch: int
-    step: int
-    epochs: int
-    steps_per_epoch: int
-
-    @property
-    def fraction(self) -> float:
-        return (self.epoch * self.steps_per_epoch + self.step) / max(1, self.epochs * self.steps_per_epoch)
-
-    @property
-    def epoch_float(self) -> float:
-        """Epochs done, fractional (epoch 2, half way -> 2.5): for per-step warm-ups."""
-        return self.epoch + self.step / max(1, self.steps_per_epoch)
+__all__ = ["DistillLoss", "Progress"]
 
 
 class DistillLoss(nn.Module):
-    """One distillation objective comparing student and teacher taps (uniform interface).
+    """One distillation objective comparing student and teacher taps.
 
-    Subclasses set ``needs`` (the taps they read: "logits", "embedding", "stages", "stages_pre"),
-    ``default_weight`` (the paper's gamma in  L = CE + gamma * L_distill) and implement
-    ``forward(student, teacher, batch, progress) -> dict[str, Tensor]`` of *unweighted* named terms
-    (the :class:`~teachkit.losses.distiller.Distiller` multiplies them by gamma). Trainable auxiliary
-    modules (regressors, embeddings, memory banks) are built in ``__init__`` from the probed taps of a
-    dummy batch -- never from hand-written shapes -- and train, save and resume with the student.
+    Class attributes:
 
-    ``__init__(student, teacher, *, num_classes, num_samples, **options)``: ``student``/``teacher``
-    are probed :class:`Taps` (batch of 2, eval mode, no grad), ``num_samples`` the size of the
-    student's training split (memory banks indexed by ``batch.index``).
+    - ``student_needs`` / ``teacher_needs``: the taps read from each side ("logits", "embedding",
+      "stages", "stages_pre", or a named extra); a student is asked only for what the loss reads of it;
+    - ``term_names``: the keys :meth:`forward` may return;
+    - ``default_weight``: the paper's gamma in ``L = CE + gamma * L_distill``;
+    - ``replaces_ce``: True when the method computes its own label loss (the objective adds no CE).
+
+    ``__init__(student, teacher, options=None, *, num_classes, num_samples)``: ``student``/``teacher`` are
+    probed :class:`Taps` (batch of 2, eval mode, no grad); ``options`` the method's typed options (its
+    defaults when None); ``num_samples`` the size of the student's training split (memory banks indexed by
+    ``batch.index``). Trainable auxiliary modules (regressors, embeddings, memory banks) are built here
+    from the probed shapes -- never from hand-written ones -- and train, save and resume with the student.
+
+    ``forward(student, teacher, batch, progress) -> dict[str, Tensor]`` returns unweighted terms, computed
+    in at least float32 (float64 stays float64). The objective multiplies term ``t`` by
+    ``gamma * ramp(progress) * term_weights.get(t, 1)``.
     """
 
-    needs: ClassVar[tuple[str, ...]] = ("logits",)
+    student_needs: ClassVar[tuple[str, ...]] = ("logits",)
+    teacher_needs: ClassVar[tuple[str, ...]] = ("logits",)
+    term_names: ClassVar[tuple[str, ...]] = ()
     default_weight: ClassVar[float] = 1.0
-    #: True when the method computes its own label loss (the Distiller then adds no CE term).
     replaces_ce: ClassVar[bool] = False
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int, num_samples: int) -> None:
+    def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__()
+        #: per-term weights inside the method (RKD's 25 / 50, DKD's alpha / beta); missing terms weigh 1
+        self.term_weights: dict[str, float] = {}
+
+    def ramp(self, progress: Progress) -> float:
+        """A factor on every term of this method at ``progress`` (a warm-up); default 1."""
+        return 1.0
 
     def transform_batch(self, batch: Batch) -> Batch:
         """The batch both models see (HSAKD: each image with its 4 rotations). Default: unchanged.
 
-        The original samples must stay first (rows 0..B-1): the engine's train accuracy reads them."""
+        The original samples must stay first (rows 0..B-1): the training metrics read them."""
         return batch
 
-    def prepare_teacher(self, teacher: nn.Module, splits: Any, cfg: Any, run_dir: Any) -> None:
-        """A recipe step run once before the student trains (HSAKD: fit the teacher's auxiliary heads
-        with its backbone frozen). ``teacher`` is the frozen, tapped teacher. Default: nothing."""
+    def training_stage(self, teacher: nn.Module) -> TrainingStage | None:
+        """A training stage the recipe runs through the engine before the student trains (HSAKD: fit the
+        teacher's auxiliary heads with its backbone frozen). ``teacher`` is the frozen, tapped teacher
+        (called on inputs it returns :class:`Taps`). Default: none."""
+        return None
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         raise NotImplementedError
-
-
-def option_names(cls: type) -> list[str]:
-    """The keyword options a DistillLoss accepts beyond the probes, num_classes and num_samples."""
-    fixed = {"self", "student", "teacher", "num_classes", "num_samples"}
-    return [p.name for p in inspect.signature(cls.__init__).parameters.values()
-            if p.name not in fixed and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-
-
-def check_options(method: str, cls: type, options: dict[str, Any]) -> None:
-    """Unknown option names for ``method`` as a one-line ConfigError naming the allowed ones."""
-    allowed = option_names(cls)
-    for key in options:
-        if key not in allowed:
-            raise ConfigError(f"kd.options.{method}.{key} is not an option of {method!r}{closest(key, allowed)}; "
-                              f"allowed: {', '.join(allowed) or 'none'}")

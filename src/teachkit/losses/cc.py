@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
-from teachkit.data.base import Batch
-from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss, Progress
-from teachkit.losses.fitnet import require_taps
+from teachkit.losses.base import DistillLoss
+from teachkit.losses.features import require_taps
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 
 def correlation_loss(e_s: Tensor, e_t: Tensor) -> Tensor:
@@ -20,13 +21,21 @@ def correlation_loss(e_s: Tensor, e_t: Tensor) -> Tensor:
     embedding differences, not the paper's Gaussian-RBF correlation matrices (Eq. 7-8). A batch of one
     has no pair: the loss is 0 (RepDistiller would return NaN).
     """
-    delta = (e_s.float() - e_t.float()).abs()
+    delta = (upcast(e_s) - upcast(e_t)).abs()
     if delta.shape[0] < 2:
         return delta.sum() * 0.0
     return (delta[:-1] * delta[1:]).sum(dim=1).mean()
 
 
-@LOSSES.register("cc", "correlation congruence on 128-d linear embeddings, RepDistiller form (Peng et al. 2019)")
+@dataclass
+class CCOptions(Options):
+    """``feat_dim``: the width of the two linear embeddings (128, RepDistiller's)."""
+
+    feat_dim: int = option(128, ge=1)
+
+
+@LOSSES.register("cc", "correlation congruence on 128-d linear embeddings, RepDistiller form (Peng et al. 2019)",
+                 options=CCOptions)
 class CorrelationCongruence(DistillLoss):
     """Correlation congruence (Peng et al. 2019) as in the CRD benchmark (Tian et al. 2020):
 
@@ -38,19 +47,20 @@ class CorrelationCongruence(DistillLoss):
         loss = mean_{i=0..B-2} sum_j delta[i, j] * delta[i+1, j],
 
     a product of consecutive samples' absolute embedding differences. This is what the benchmark's
-    gamma 0.02 is tuned for; it is not the paper's kernel correlation matrix (METHODS.md's "correlation
-    congruence between embeddings" -- we follow the reference code, as the brief asks).
+    gamma 0.02 is tuned for; it is not the paper's kernel correlation matrix (Peng et al. 2019, Eq. 7-8):
+    we follow the reference code the benchmark numbers come from.
     """
 
-    needs = ("embedding",)
+    student_needs = teacher_needs = ("embedding",)
+    term_names = ("cc",)
     default_weight = 0.02
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0,
-                 feat_dim: int = 128) -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: CCOptions | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
+        self.options = options or CCOptions()
         require_taps("cc", student, teacher, "embedding")
-        if isinstance(feat_dim, bool) or not isinstance(feat_dim, int) or feat_dim < 1:
-            raise ConfigError(f"kd.options.cc.feat_dim must be an int >= 1; got {feat_dim!r}")
+        feat_dim = self.options.feat_dim
         self.embed_s = nn.Linear(student.embedding.flatten(1).shape[1], feat_dim)
         self.embed_t = nn.Linear(teacher.embedding.flatten(1).shape[1], feat_dim)
 

@@ -18,16 +18,17 @@ RepDistiller computes it (HobbitLong/RepDistiller ``crd/criterion.py``, ``crd/me
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss, Progress
+from teachkit.losses.base import DistillLoss
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 
 class Embed(nn.Module):
@@ -55,31 +56,38 @@ def nce_loss(log_p: Tensor, num_samples: int) -> Tensor:
     return -(pos.sum() + neg.sum()) / batch
 
 
-def _check(name: str, value: object, kind: type, low: float, high: float | None = None,
-           low_open: bool = False) -> None:
-    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
-    if ok:
-        v = float(value)  # type: ignore[arg-type]
-        ok = math.isfinite(v) and (v > low if low_open else v >= low) and (high is None or v <= high)
-    if not ok:
-        rng = f"{'>' if low_open else '>='} {low:g}" + ("" if high is None else f" and <= {high:g}")
-        what = "an integer" if kind is int else "a number"
-        raise ConfigError(f"kd.options.crd.{name}={value!r} is not allowed: must be {what} {rng}")
+@dataclass
+class CRDOptions(Options):
+    """``feat_dim``: the embedding width (128); ``nce_k``: negatives per anchor (16384, capped at the other
+    samples); ``nce_t``: the temperature tau (0.07); ``nce_m``: the memory bank's momentum (0.5). All as
+    RepDistiller's ``train_student.py`` defaults."""
+
+    feat_dim: int = option(128, ge=1)
+    nce_k: int = option(16384, ge=1)
+    nce_t: float = option(0.07, gt=0.0)
+    nce_m: float = option(0.5, ge=0.0, le=1.0)
 
 
-@LOSSES.register("crd", "Contrastive Representation Distillation: NCE vs a memory bank, 16384 negatives, tau 0.07")
+@LOSSES.register("crd", "Contrastive Representation Distillation: NCE vs a memory bank, 16384 negatives, tau 0.07",
+                 options=CRDOptions)
 class CRD(DistillLoss):
     """CRD (Tian et al. 2020, Sec. 3.1 critic and NCE objective, both directions; see the module docstring).
 
     Returns ``{"student": L_s, "teacher": L_t}``: ``student`` anchors the student embedding against
     the teacher bank (it trains the student and ``embed_s``), ``teacher`` anchors the teacher embedding
     against the student bank (it trains ``embed_t`` only; the teacher is frozen). Their sum is
-    RepDistiller's ``CRDLoss``; the Distiller's gamma (0.8, the paper's beta) multiplies each.
+    RepDistiller's ``CRDLoss``; the objective's gamma (0.8, the paper's beta) multiplies each.
 
-    Options: ``feat_dim`` (128), ``nce_k`` negatives per anchor (16384), ``nce_t`` temperature tau
-    (0.07), ``nce_m`` bank momentum (0.5). Auxiliary state: ``embed_s``/``embed_t`` (trainable) and the
-    buffers ``memory_s``/``memory_t`` (num_samples x feat_dim), ``z_s``/``z_t`` (normalisation
-    constants), all in the state dict so they are checkpointed and resumed with the student.
+    Options: :class:`CRDOptions` (``feat_dim`` 128, ``nce_k`` negatives per anchor 16384, ``nce_t``
+    temperature tau 0.07, ``nce_m`` bank momentum 0.5). Auxiliary state: ``embed_s``/``embed_t``
+    (trainable) and the buffers ``memory_s``/``memory_t`` (num_samples x feat_dim), ``z_s``/``z_t``
+    (normalisation constants), all in the state dict so they are checkpointed and resumed with the
+    student. The buffers follow the module's dtype (``.double()`` makes the whole loss float64).
+
+    No host synchronisation per step: Z is set on the device (``torch.where`` on the buffer's sign), and
+    ``batch.index`` is checked for shape and dtype (metadata) on every call but for its value range only
+    on the first call of this module (the first batch after construction or resume), where one sync is
+    paid; later out-of-range indices are the data pipeline's bug and fail inside the indexing instead.
 
     Choices where this differs from RepDistiller:
 
@@ -92,20 +100,19 @@ class CRD(DistillLoss):
     - ``nce_k`` is capped at num_samples - 1 (no more negatives than other samples, which keeps the
       noise-to-data ratio K Pn = K / N below 1; a 16384-negative default would otherwise dwarf a small
       training split);
-    - the scores and the loss are computed in float32 with autocast off (exp(1 / 0.07) = 1.6e6 overflows
-      float16 and loses most digits in bfloat16), in log space (see :func:`nce_loss`).
+    - the scores and the loss are computed in at least float32 with autocast off (exp(1 / 0.07) = 1.6e6
+      overflows float16 and loses most digits in bfloat16), in log space (see :func:`nce_loss`).
     """
 
-    needs = ("embedding",)
+    student_needs = teacher_needs = ("embedding",)
+    term_names = ("student", "teacher")
     default_weight = 0.8
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0,
-                 feat_dim: int = 128, nce_k: int = 16384, nce_t: float = 0.07, nce_m: float = 0.5) -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: CRDOptions | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
-        _check("feat_dim", feat_dim, int, 1)
-        _check("nce_k", nce_k, int, 1)
-        _check("nce_t", nce_t, float, 0, low_open=True)
-        _check("nce_m", nce_m, float, 0, 1)
+        self.options = options or CRDOptions()
+        opts = self.options
         for side, taps in (("student", student), ("teacher", teacher)):
             if taps.embedding is None:
                 raise ConfigError(f"crd needs the {side}'s 'embedding' tap (pooled penultimate feature); "
@@ -113,10 +120,10 @@ class CRD(DistillLoss):
         if num_samples < 2:
             raise ConfigError(f"crd needs a training split of at least 2 samples; got num_samples={num_samples}")
         self.num_samples = int(num_samples)
-        self.nce_k = min(int(nce_k), self.num_samples - 1)
-        self.nce_t = float(nce_t)
-        self.nce_m = float(nce_m)
-        self.feat_dim = int(feat_dim)
+        self.nce_k = min(opts.nce_k, self.num_samples - 1)
+        self.nce_t = opts.nce_t
+        self.nce_m = opts.nce_m
+        self.feat_dim = feat_dim = opts.feat_dim
         self.embed_s = Embed(student.embedding.flatten(1).shape[1], feat_dim)
         self.embed_t = Embed(teacher.embedding.flatten(1).shape[1], feat_dim)
         stdv = 1.0 / math.sqrt(feat_dim / 3)
@@ -127,6 +134,8 @@ class CRD(DistillLoss):
         #: Score every bank row with one matmul (B x N, cheap for N up to (K+1) * feat_dim) rather than
         #: gathering B x (K+1) x feat_dim rows as RepDistiller does; the values are the same.
         self.full_scores = self.num_samples <= (self.nce_k + 1) * self.feat_dim
+        #: whether batch.index's values were checked against the bank's size (done once, on the first call)
+        self._index_range_checked = False
 
     def sample_indices(self, index: Tensor) -> Tensor:
         """(B, 1 + K) bank rows per sample: its own index first, then K uniform draws from the others."""
@@ -135,15 +144,21 @@ class CRD(DistillLoss):
         return torch.cat([index.unsqueeze(1), neg], dim=1)
 
     def _check_index(self, batch: Batch, rows: int) -> Tensor:
+        """``batch.index`` as int64 rows of the bank. Shape and dtype are checked on every call (no sync);
+        the value range only on this module's first call (one host sync), see the class docstring."""
         index = batch.index
         if index is None:
             raise ConfigError("crd needs the dataset index of every sample (batch.index), but the batch has none")
-        if index.dim() != 1 or index.shape[0] != rows or index.dtype.is_floating_point:
+        if index.dim() != 1 or index.shape[0] != rows or index.dtype.is_floating_point or index.dtype == torch.bool:
             raise ConfigError(f"crd needs the dataset index of every sample: batch.index must be {rows} integers; "
                               f"got shape {tuple(index.shape)} ({index.dtype})")
-        if bool(((index < 0) | (index >= self.num_samples)).any()):
-            raise ConfigError(f"crd needs the dataset index of every sample in [0, {self.num_samples}) "
-                              f"(the bank's size); got values {int(index.min())} .. {int(index.max())}")
+        if not self._index_range_checked:
+            low, high = index.aminmax() if index.numel() else (index.new_zeros(()), index.new_zeros(()))
+            low, high = int(low), int(high)
+            if low < 0 or high >= self.num_samples:
+                raise ConfigError(f"crd needs the dataset index of every sample in [0, {self.num_samples}) "
+                                  f"(the bank's size); got values {low} .. {high}")
+            self._index_range_checked = True
         return index.long()
 
     def _log_scores(self, anchor: Tensor, memory: Tensor, idx: Tensor) -> Tensor:
@@ -154,12 +169,13 @@ class CRD(DistillLoss):
         return torch.bmm(rows, anchor.unsqueeze(2)).squeeze(2) / self.nce_t
 
     def _log_z(self, name: str, log_scores: Tensor) -> Tensor:
-        """log Z; on the first batch set Z = mean(exp(scores)) * num_samples (RepDistiller's rule)."""
+        """log Z; on the first batch (Z < 0, unset) set Z = mean(exp(scores)) * num_samples (RepDistiller's
+        rule), on the device: the estimate is computed every step and kept only while Z is unset."""
         z = getattr(self, name)
-        if bool(z < 0):
-            with torch.no_grad():
-                log_mean = torch.logsumexp(log_scores.flatten(), 0) - math.log(log_scores.numel())
-                z.fill_(float((log_mean + math.log(self.num_samples)).exp()))
+        with torch.no_grad():
+            log_mean = torch.logsumexp(log_scores.detach().flatten(), 0) - math.log(log_scores.numel())
+            estimate = (log_mean + math.log(self.num_samples)).exp().to(z.dtype)
+            z.copy_(torch.where(z < 0, estimate, z))
         return z.log()
 
     def _update(self, name: str, index: Tensor, v: Tensor) -> None:
@@ -177,8 +193,8 @@ class CRD(DistillLoss):
             raise ConfigError("crd needs the 'embedding' tap of student and teacher")
         index = self._check_index(batch, student.embedding.shape[0])
         with torch.autocast(student.embedding.device.type, enabled=False):
-            v_s = self.embed_s(student.embedding.float())
-            v_t = self.embed_t(teacher.embedding.float())
+            v_s = self.embed_s(upcast(student.embedding))
+            v_t = self.embed_t(upcast(teacher.embedding.detach()))
             idx = self.sample_indices(index)
             scores_s = self._log_scores(v_s, self.memory_t, idx)  # student anchor, teacher bank
             scores_t = self._log_scores(v_t, self.memory_s, idx)  # teacher anchor, student bank

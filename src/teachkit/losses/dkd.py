@@ -10,28 +10,19 @@ first ``warmup`` epochs.
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from teachkit.data.base import Batch
-from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss, Progress
+from teachkit.losses.base import DistillLoss
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 #: What mdistiller subtracts from the (temperature-scaled) target logit to drop it from NCKD's softmax.
 TARGET_MASK = 1000.0
-
-
-def _positive(name: str, value: float, *, allow_zero: bool = True) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"kd.options.dkd.{name}={value!r} is not allowed: must be a finite number {bound}")
-    return float(value)
 
 
 def binary_log_probs(logits: Tensor, target: Tensor) -> Tensor:
@@ -61,8 +52,8 @@ def dkd_terms(student_logits: Tensor, teacher_logits: Tensor, target: Tensor,
     - NCKD = KL(p~_t || p~_s) over the non-target classes: softmax(z / T - 1000 * onehot(target)), as
       mdistiller masks the target (its probability is exp(-1000)-small, i.e. 0 in float32).
     """
-    zs = student_logits.float() / temperature
-    zt = teacher_logits.float() / temperature
+    zs = upcast(student_logits) / temperature
+    zt = upcast(teacher_logits) / temperature
     batch = zs.shape[0]
     scale = temperature**2 / batch
     tckd = _kl_sum(binary_log_probs(zt, target), binary_log_probs(zs, target)) * scale
@@ -76,33 +67,50 @@ def warmup_factor(epoch_float: float, warmup: float) -> float:
     return 1.0 if warmup <= 0 else min(epoch_float / warmup, 1.0)
 
 
-@LOSSES.register("dkd", "Decoupled KD: warm-up * (alpha TCKD + beta NCKD) * T^2; alpha 1, beta 8, T 4, 20 epochs")
+@dataclass
+class DKDOptions(Options):
+    """``alpha`` / ``beta``: the weights of TCKD and NCKD (1 and 8, mdistiller's CIFAR defaults);
+    ``temperature``: T (4); ``warmup``: epochs of the linear ramp (20)."""
+
+    alpha: float = option(1.0, ge=0.0)
+    beta: float = option(8.0, ge=0.0)
+    temperature: float = option(4.0, gt=0.0)
+    warmup: float = option(20.0, ge=0.0)
+
+
+@LOSSES.register("dkd", "Decoupled KD: warm-up * (alpha TCKD + beta NCKD) * T^2; alpha 1, beta 8, T 4, 20 epochs",
+                 options=DKDOptions)
 class DKD(DistillLoss):
     """Decoupled KD (Zhao et al. 2022, Eq. 8): ``min(epoch / warmup, 1) * (alpha TCKD + beta NCKD)``.
 
-    Returns ``{"tckd": w * alpha * TCKD, "nckd": w * beta * NCKD}`` with the warm-up factor ``w`` and
-    alpha/beta already applied, so the two terms sum to the paper's DKD loss; the Distiller's gamma
-    (``default_weight`` 1) multiplies both. The warm-up reads ``progress.epoch_float`` (per step), where
-    mdistiller uses the integer epoch counted from 1 (its first epoch is already at 1/20). The paper's
-    beta varies per pair (0.2 ... 8, METHODS.md section 1); 8 is mdistiller's default.
+    Returns the unweighted ``{"tckd": TCKD, "nckd": NCKD}``; alpha and beta are ``term_weights`` and the
+    warm-up factor ``min(epoch / warmup, 1)`` is :meth:`ramp`, so the objective's weighted terms (times its
+    gamma, ``default_weight`` 1) sum to the paper's DKD loss and are logged as ``dkd.tckd`` / ``dkd.nckd``.
+    The warm-up reads ``progress.epoch_float`` (per step), where mdistiller uses the integer epoch counted
+    from 1 (its first epoch is already at 1/20). The paper tunes beta per teacher-student pair; 8 is
+    mdistiller's default (``CFG.DKD.BETA`` in ``mdistiller/engine/cfg.py``).
     """
 
-    needs = ("logits",)
+    student_needs = teacher_needs = ("logits",)
+    term_names = ("tckd", "nckd")
     default_weight = 1.0
 
-    def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
-                 num_samples: int = 0, alpha: float = 1.0, beta: float = 8.0, temperature: float = 4.0,
-                 warmup: float = 20) -> None:
+    def __init__(self, student: Taps | None = None, teacher: Taps | None = None, options: DKDOptions | None = None,
+                 *, num_classes: int = 0, num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
-        self.alpha = _positive("alpha", alpha)
-        self.beta = _positive("beta", beta)
-        self.temperature = _positive("temperature", temperature, allow_zero=False)
-        self.warmup = _positive("warmup", warmup)
+        self.options = options or DKDOptions()
+        opts = self.options
+        self.alpha, self.beta = opts.alpha, opts.beta
+        self.temperature, self.warmup = opts.temperature, opts.warmup
+        self.term_weights = {"tckd": self.alpha, "nckd": self.beta}
+
+    def ramp(self, progress: Progress) -> float:
+        """The linear warm-up factor ``min(epoch / warmup, 1)`` at ``progress``."""
+        return warmup_factor(progress.epoch_float, self.warmup)
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
-        tckd, nckd = dkd_terms(student.logits, teacher.logits, batch.y, self.temperature)
-        w = warmup_factor(progress.epoch_float, self.warmup)
-        return {"tckd": w * self.alpha * tckd, "nckd": w * self.beta * nckd}
+        tckd, nckd = dkd_terms(student.logits, teacher.logits.detach(), batch.y, self.temperature)
+        return {"tckd": tckd, "nckd": nckd}
 
     def extra_repr(self) -> str:
         return f"alpha={self.alpha}, beta={self.beta}, temperature={self.temperature}, warmup={self.warmup}"

@@ -7,7 +7,10 @@ self-supervised augmented distribution, paper Sec. 3). The method has two steps:
 
 1. **Teacher heads** (official ``train_teacher_cifar.py --freezed``): with the teacher
    backbone frozen, train its auxiliary heads with ``sum_l CE(c^t_l(t_r(x)), y * 4 + r)`` over the
-   rotated training set. Here :meth:`HSAKD.prepare_teacher` (run once by the ``kd`` recipe).
+   rotated training set. Here :meth:`HSAKD.training_stage` describes this as a training stage
+   (:data:`HEADS_STAGE`) that the ``kd`` recipe runs through the engine before the student trains, in
+   the run folder's ``hsakd_teacher_heads/`` sub-folder: with its NaN guard, checkpoints and exact
+   resume, and skipped when that folder's stage has finished (its heads are loaded instead).
 2. **Student** (the paper's overall student loss; official ``train_student_cifar.py``)::
 
        L_S = CE(g^s(x), y)                                        originals only       ("ce")
@@ -40,16 +43,17 @@ Deviations from the official code (documented choices):
   ``min(K_s, K_t)`` stages, deepest with deepest (the official code assumes equal counts).
 - ``aux_ce=True`` adds ``sum_l CE(c^s_l, y * 4 + r)`` ("aux_ce"): not in the official student loss
   (nor the paper's), hence off by default.
-- Teacher-head training: ``teacher_head_epochs`` (default 10, official 100) of SGD (momentum 0.9,
+- Teacher-head stage: ``teacher_head_epochs`` (default 10, official 100) of SGD (momentum 0.9,
   Nesterov, weight decay 5e-4, lr ``teacher_head_lr`` 0.05 as official) with the official x0.1 steps at
-  30/60/90 % of the epochs, batch ``data.batch_size`` originals (x4 rows; official 64). The official
-  script also adds the (constant) CE of the frozen main classifier, which changes nothing and is
-  dropped. Data: ``teacher_head_data="full"`` (default) trains on the teacher's full training split
-  (``data.train_subset`` / ``omit_classes`` / ``few_shot`` ignored, as the teacher itself was trained)
-  when the student's split is a reduced transfer set, ``"student"`` on the student's ``splits.train``;
-  the student's augmentation (``data.augment``) is applied before rotating, as in the official loader.
-- The trained heads are written to ``run_dir/hsakd_teacher_heads.safetensors`` and reloaded on a later
-  call (resume) instead of being retrained; they are also part of the Distiller's state in the
+  30/60/90 % of the epochs, batches of ``teacher_head_batch_size`` originals (default: the run's
+  ``data.batch_size``; x4 rows; official 64). The official script also adds the (constant) CE of the
+  frozen main classifier, which changes nothing and is dropped. Data: ``teacher_head_data="full"``
+  (default) trains on the teacher's full training split (``data.train_subset`` / ``omit_classes`` /
+  ``few_shot`` ignored, as the teacher itself was trained) when the student's split is a reduced transfer
+  set, ``"student"`` on the student's transfer set; the batches come from the engine's loader with the
+  run's augmentation, applied before rotating, as in the official loader. The stage logs the heads'
+  joint (class, rotation) accuracy in % (``joint_acc``, train and val) and selects on it.
+- The trained heads are also part of the objective's state (``methods.hsakd.teacher_heads.*``) in the
   student checkpoints.
 - :meth:`HSAKD.forward` also accepts a batch that was not rotated (B rows: rotation 0 only), so
   generic one-step tests work; real training always goes through ``transform_batch``.
@@ -59,27 +63,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from teachkit.data.augment import make_augment
-from teachkit.data.base import Batch, TensorSplit
-from teachkit.data.loader import BatchLoader
-from teachkit.engine.checkpoint import load_checkpoint, save_checkpoint
-from teachkit.errors import CheckpointError, ConfigError
-from teachkit.losses.base import DistillLoss, Progress
+from teachkit.errors import ConfigError
+from teachkit.losses.base import DistillLoss
 from teachkit.losses.kd import kd_kl
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Evaluator, Progress, StepOutput, Taps, TrainingStage, upcast
 
 NUM_ROTATIONS = 4
-HEADS_FILE = "hsakd_teacher_heads.safetensors"
+#: The name of the teacher-head training stage (the run folder's sub-folder it trains in).
+HEADS_STAGE = "hsakd_teacher_heads"
 #: the official frozen-backbone schedule (100 epochs, x0.1 at 30, 60, 90) as fractions of the epochs
 HEAD_MILESTONES = (0.3, 0.6, 0.9)
+#: originals per evaluation batch of the teacher heads (x4 rows)
+EVAL_BATCH = 250
 
 
 def rotate4(x: Tensor) -> Tensor:
@@ -88,8 +92,9 @@ def rotate4(x: Tensor) -> Tensor:
     Paper Sec. 3: the transformations ``t_r``, r = 0..3, of each image (``torch.rot90`` over
     (H, W) as in the official code). Raises :class:`ConfigError` unless ``x`` is (B, C, H, W) with H == W.
     """
-    if x.dim() != 4:
-        raise ConfigError(f"hsakd rotates images: inputs must be (batch, C, H, W), got shape {tuple(x.shape)}")
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ConfigError(f"hsakd rotates images: inputs must be (batch, C, H, W), got {shape}")
     if x.shape[-1] != x.shape[-2]:
         raise ConfigError(f"hsakd rotates images by 90 degrees, so it needs square inputs; got "
                           f"{x.shape[-2]}x{x.shape[-1]}")
@@ -166,59 +171,103 @@ def build_head(shapes: Sequence[Sequence[int]], index: int, out_dim: int, blocks
     return head
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"kd.options.hsakd.{name} must be an integer >= 1, got {value!r}")
-    return value
+@dataclass
+class HSAKDOptions(Options):
+    """HSAKD's options (see the module docstring): ``temperature`` T of every KL (3); ``head_blocks`` basic
+    blocks per head group (1); ``head_max_width`` the cap on head widths (256); ``aux_ce`` add the student
+    heads' joint-label CE; ``teacher_head_*``: the teacher-head stage's epochs (10), lr (0.05), weight
+    decay (5e-4), batch size in originals (null: ``data.batch_size``) and data (``full`` | ``student``)."""
+
+    temperature: float = option(3.0, gt=0.0)
+    head_blocks: int = option(1, ge=1)
+    head_max_width: int = option(256, ge=1)
+    aux_ce: bool = False
+    teacher_head_epochs: int = option(10, ge=1)
+    teacher_head_lr: float = option(0.05, gt=0.0)
+    teacher_head_weight_decay: float = option(5e-4, ge=0.0)
+    teacher_head_batch_size: int | None = option(None, ge=1)
+    teacher_head_data: Literal["full", "student"] = "full"
 
 
-def _positive_float(name: str, value: Any, allow_zero: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        raise ConfigError(f"kd.options.hsakd.{name} must be a finite number {'>=' if allow_zero else '>'} 0, "
-                          f"got {value!r}")
-    return float(value)
+class TeacherHeadsEvaluator(Evaluator):
+    """The teacher heads' joint (class, rotation) accuracy (%, primary) and CE summed over heads, on the
+    rotated validation split, under no grad in eval mode (the modules' train/eval flags are restored).
+
+    ``evaluate(heads)`` takes the stage's model (the :class:`~torch.nn.ModuleList` of teacher heads);
+    ``teacher`` is the frozen, tapped teacher whose ``stages`` (at ``stages``) feed them.
+    """
+
+    primary = "joint_acc"
+
+    def __init__(self, teacher: nn.Module, stages: Sequence[int], split: Any, batch_size: int = EVAL_BATCH) -> None:
+        self.teacher = teacher
+        self.stages = list(stages)
+        self.split = split
+        self.batch_size = int(batch_size)
+
+    def metric_names(self) -> tuple[str, ...]:
+        return ("joint_acc", "loss")
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
+        heads = model
+        modes = [(m, m.training) for m in heads.modules()]
+        heads.eval()
+        try:
+            device = next(heads.parameters()).device
+            correct = torch.zeros((), dtype=torch.long, device=device)
+            loss = torch.zeros((), device=device)
+            rows = 0
+            x_all, y_all = self.split.x, self.split.y
+            for i in range(0, len(y_all), self.batch_size):
+                x = rotate4(x_all[i:i + self.batch_size].to(device))
+                labels = joint_labels(y_all[i:i + self.batch_size].to(device))
+                stages = self.teacher(x).stages
+                for head, s in zip(heads, self.stages, strict=True):
+                    z = upcast(head(stages[s]))
+                    loss = loss + F.cross_entropy(z, labels, reduction="sum").float()
+                    correct += (z.argmax(1) == labels).sum()
+                rows += labels.shape[0]
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        if rows == 0:
+            return {"val": {"joint_acc": float("nan"), "loss": float("nan")}}
+        acc, mean_loss = torch.stack([100.0 * correct.float() / (len(self.stages) * rows), loss / rows]).tolist()
+        return {"val": {"joint_acc": acc, "loss": mean_loss}}
 
 
 @LOSSES.register("hsakd", "HSAKD: 4 rotations, aux heads on stages predict (class, rotation); CE + KL(T=3) "
-                          "on main logits and every head; teacher heads trained first, backbone frozen")
+                          "on main logits and every head; teacher heads trained first, backbone frozen",
+                 options=HSAKDOptions)
 class HSAKD(DistillLoss):
     """Hierarchical self-supervised augmented KD (Yang et al., IJCAI 2021; see the module docstring).
 
     Terms (unweighted): ``ce`` = CE on the B original rows, ``kd`` = T^2 KL on the main logits of all
     rows, ``aux_kd`` = sum over head pairs of T^2 KL on the joint (class, rotation) logits, and with
-    ``aux_ce=True`` also ``aux_ce`` = sum over student heads of CE on the joint labels.
+    ``aux_ce=True`` also ``aux_ce`` = sum over student heads of CE on the joint labels. The teacher heads
+    are trained beforehand by the stage :meth:`training_stage` returns.
     """
 
-    needs = ("logits", "stages")
+    student_needs = teacher_needs = ("logits", "stages")
+    term_names = ("ce", "kd", "aux_kd", "aux_ce")
     default_weight = 1.0
     replaces_ce = True
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int, num_samples: int,
-                 temperature: float = 3.0, head_blocks: int = 1, head_max_width: int = 256, aux_ce: bool = False,
-                 teacher_head_epochs: int = 10, teacher_head_lr: float = 0.05,
-                 teacher_head_weight_decay: float = 5e-4, teacher_head_batch_size: int | None = None,
-                 teacher_head_data: str = "full") -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: HSAKDOptions | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
-        self.temperature = _positive_float("temperature", temperature)
-        self.head_blocks = _positive_int("head_blocks", head_blocks)
-        self.head_max_width = _positive_int("head_max_width", head_max_width)
-        if not isinstance(aux_ce, bool):
-            raise ConfigError(f"kd.options.hsakd.aux_ce must be true or false, got {aux_ce!r}")
-        self.aux_ce = aux_ce
-        self.teacher_head_epochs = _positive_int("teacher_head_epochs", teacher_head_epochs)
-        self.teacher_head_lr = _positive_float("teacher_head_lr", teacher_head_lr)
-        self.teacher_head_weight_decay = _positive_float("teacher_head_weight_decay", teacher_head_weight_decay,
-                                                         allow_zero=True)
-        self.teacher_head_batch_size = (None if teacher_head_batch_size is None
-                                        else _positive_int("teacher_head_batch_size", teacher_head_batch_size))
-        if teacher_head_data not in ("full", "student"):
-            raise ConfigError(f"kd.options.hsakd.teacher_head_data must be 'full' or 'student', "
-                              f"got {teacher_head_data!r}")
-        self.teacher_head_data = teacher_head_data
+        self.options = options or HSAKDOptions()
+        opts = self.options
+        self.temperature = opts.temperature
+        self.head_blocks = opts.head_blocks
+        self.head_max_width = opts.head_max_width
+        self.aux_ce = opts.aux_ce
         if not student.stages or not teacher.stages:
             raise ConfigError("hsakd needs the 'stages' taps of both student and teacher")
+        if num_classes < 1:
+            raise ConfigError(f"hsakd needs the number of classes (its heads predict 4 x num_classes joint "
+                              f"labels); got num_classes={num_classes}")
         self.num_classes = int(num_classes)
         out = NUM_ROTATIONS * self.num_classes
         s_shapes = [tuple(t.shape[1:]) for t in student.stages]
@@ -232,14 +281,12 @@ class HSAKD(DistillLoss):
                                            for i in self.student_stages)
         self.teacher_heads = nn.ModuleList(build_head(t_shapes, i, out, self.head_blocks, self.head_max_width)
                                            for i in self.teacher_stages)
-        self._freeze_teacher_heads()
-        #: per-epoch {"epoch", "loss", "joint_acc"} of the teacher-head training; loaded from the heads file
-        self.teacher_head_history: list[dict[str, float]] = []
-        self.teacher_heads_loaded = False
+        self.freeze_teacher_heads()
 
     # ------------------------------------------------------------------ frozen teacher heads
 
-    def _freeze_teacher_heads(self) -> None:
+    def freeze_teacher_heads(self) -> None:
+        """No gradients and eval mode (frozen BN statistics) for the teacher heads."""
         for p in self.teacher_heads.parameters():
             p.requires_grad_(False)
         self.teacher_heads.eval()
@@ -256,93 +303,38 @@ class HSAKD(DistillLoss):
         """``x`` -> its 4 rotations (4B rows, originals first); ``y`` and ``index`` stay the B originals'."""
         return Batch(rotate4(batch.x), batch.y, batch.index)
 
-    def prepare_teacher(self, teacher: nn.Module, splits: Any, cfg: Any, run_dir: Any) -> None:
-        """Train the teacher's auxiliary heads on joint labels with the backbone frozen (official
-        ``--freezed`` step), save them to ``run_dir/hsakd_teacher_heads.safetensors`` and freeze them; if
-        that file exists (resume), load it instead. ``teacher`` is the tapped, frozen teacher."""
-        path = Path(run_dir) / HEADS_FILE
-        if path.is_file():
-            self._load_heads(path)
-            return
-        history = self._train_teacher_heads(teacher, splits, cfg)
-        state = {"method": "hsakd", "num_classes": self.num_classes, "teacher_stages": self.teacher_stages,
-                 "teacher_shapes": self.teacher_shapes, "head_blocks": self.head_blocks,
-                 "head_max_width": self.head_max_width,
-                 "epochs": self.teacher_head_epochs, "lr": self.teacher_head_lr, "history": history}
-        save_checkpoint(path, dict(self.teacher_heads.state_dict()), state)
-        self.teacher_head_history = history
-        self.teacher_heads_loaded = False
-
-    def _load_heads(self, path: Path) -> None:
-        tensors, state = load_checkpoint(path)
-        try:
-            self.teacher_heads.load_state_dict(tensors)
-        except RuntimeError:
-            raise CheckpointError(f"{str(path)!r} holds HSAKD teacher heads of another teacher or head "
-                                  "configuration; delete it to retrain them") from None
-        self._freeze_teacher_heads()
-        self.teacher_head_history = list(state.get("history", []))
-        self.teacher_heads_loaded = True
-
-    def _head_split(self, splits: Any, cfg: Any) -> TensorSplit:
-        data = getattr(cfg, "data", None)
-        reduced = data is not None and (data.train_subset is not None or data.omit_classes or data.few_shot)
-        if self.teacher_head_data == "full" and reduced:
-            from teachkit.recipes.common import load_data  # the recipes import losses: import late
-
-            return load_data(data, splits.train.x.device, subset=False).train
-        return splits.train
-
-    def _train_teacher_heads(self, teacher: nn.Module, splits: Any, cfg: Any) -> list[dict[str, float]]:
-        data, train = getattr(cfg, "data", None), getattr(cfg, "train", None)
-        split = self._head_split(splits, cfg)
-        batch_size = self.teacher_head_batch_size or (data.batch_size if data is not None else 64)
-        seed = train.seed if train is not None else 0
-        augment = make_augment(data.augment, splits) if data is not None else None
-        loader = BatchLoader(split, batch_size, shuffle=True, seed=seed, augment=augment)
-        device = next(self.teacher_heads.parameters()).device
-        bf16 = train is not None and train.precision == "bf16"
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-        progress = train is not None and train.progress
-        params = list(self.teacher_heads.parameters())
-        for p in params:
+    def training_stage(self, teacher: nn.Module) -> TrainingStage:
+        """The teacher-head stage (official ``--freezed`` step, see the module docstring): the heads
+        (unfrozen here) learn the joint labels of the rotated batches from the frozen ``teacher``'s stage
+        maps; ``finish`` freezes them again. ``teacher`` is the tapped, frozen teacher (returns Taps)."""
+        heads = self.teacher_heads
+        for p in heads.parameters():
             p.requires_grad_(True)
-        opt = torch.optim.SGD(params, lr=self.teacher_head_lr, momentum=0.9, nesterov=True,
-                              weight_decay=self.teacher_head_weight_decay)
-        epochs = self.teacher_head_epochs
-        milestones = [round(f * epochs) for f in HEAD_MILESTONES]
-        history: list[dict[str, float]] = []
-        self.teacher_heads.train()
-        try:
-            for epoch in range(epochs):
-                lr = self.teacher_head_lr * 0.1 ** sum(epoch >= m for m in milestones)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                total = correct = rows = 0.0
-                for batch in loader.batches(epoch):
-                    x = rotate4(batch.x)
-                    labels = joint_labels(batch.y)
-                    with autocast:
-                        with torch.no_grad():
-                            stages = teacher(x).stages
-                        logits = [head(stages[i]) for head, i in zip(self.teacher_heads, self.teacher_stages,
-                                                                     strict=True)]
-                        loss = sum(F.cross_entropy(z.float(), labels) for z in logits)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    n = labels.shape[0]
-                    total += float(loss.detach()) * n
-                    correct += sum(float((z.detach().argmax(1) == labels).sum()) for z in logits) / len(logits)
-                    rows += n
-                record = {"epoch": epoch + 1, "lr": lr, "loss": total / rows, "joint_acc": correct / rows}
-                history.append(record)
-                if progress:
-                    print(f"hsakd teacher heads epoch {epoch + 1}/{epochs}  loss {record['loss']:.4f}  "
-                          f"joint acc {100 * record['joint_acc']:.1f}%", flush=True)
-        finally:
-            self._freeze_teacher_heads()
-        return history
+        stages = list(self.teacher_stages)
+
+        def step(batch: Batch, progress: Progress) -> StepOutput:
+            x = rotate4(batch.x)
+            labels = joint_labels(batch.y)
+            with torch.no_grad():
+                maps = teacher(x).stages
+            logits = [upcast(head(maps[i])) for head, i in zip(heads, stages, strict=True)]
+            ce = sum((F.cross_entropy(z, labels) for z in logits), start=logits[0].new_zeros(()))
+            with torch.no_grad():
+                correct = sum((z.argmax(1) == labels).sum() for z in logits)
+                # 100 * correct rows, averaged over heads, / 4 rotations: a sum over the batch's originals
+                joint_acc = correct.float() * (100.0 / (len(logits) * NUM_ROTATIONS))
+            return StepOutput({"ce": ce}, metrics={"joint_acc": joint_acc})
+
+        def evaluator(splits: Any, batch_size: int) -> Evaluator:  # batch_size rows = batch_size / 4 originals
+            return TeacherHeadsEvaluator(teacher, stages, splits.val, max(1, batch_size // NUM_ROTATIONS))
+
+        epochs = self.options.teacher_head_epochs
+        optim = {"name": "sgd", "lr": self.options.teacher_head_lr, "momentum": 0.9, "nesterov": True,
+                 "weight_decay": self.options.teacher_head_weight_decay, "schedule": "multistep",
+                 "milestones": [round(f * epochs) for f in HEAD_MILESTONES], "gamma": 0.1, "warmup_epochs": 0.0}
+        return TrainingStage(name=HEADS_STAGE, modules={"model": heads}, step=step, evaluator=evaluator,
+                             optim=optim, epochs=epochs, batch_size=self.options.teacher_head_batch_size,
+                             data=self.options.teacher_head_data, finish=self.freeze_teacher_heads)
 
     # ------------------------------------------------------------------ the student loss
 
@@ -354,15 +346,14 @@ class HSAKD(DistillLoss):
             raise ValueError(f"hsakd expects B or 4B rows (transform_batch) for {b} labels, got {rows}")
         labels = joint_labels(batch.y, rows // b)
         t = self.temperature
-        terms = {"ce": F.cross_entropy(student.logits[:b].float(), batch.y),
+        terms = {"ce": F.cross_entropy(upcast(student.logits[:b]), batch.y),
                  "kd": kd_kl(student.logits, teacher.logits.detach(), t)}
         s_aux = [head(student.stages[i]) for head, i in zip(self.student_heads, self.student_stages, strict=True)]
         with torch.no_grad():
-            t_aux = [head(teacher.stages[i]) for head, i in zip(self.teacher_heads, self.teacher_stages,
-                                                                strict=True)]
-        terms["aux_kd"] = sum((kd_kl(s, z, t) for s, z in zip(s_aux, t_aux, strict=True)),
-                              start=torch.zeros((), device=student.logits.device))
+            t_aux = [head(teacher.stages[i].detach()) for head, i in zip(self.teacher_heads, self.teacher_stages,
+                                                                         strict=True)]
+        zero = student.logits.new_zeros((), dtype=upcast(student.logits).dtype)
+        terms["aux_kd"] = sum((kd_kl(s, z, t) for s, z in zip(s_aux, t_aux, strict=True)), start=zero)
         if self.aux_ce:
-            terms["aux_ce"] = sum((F.cross_entropy(s.float(), labels) for s in s_aux),
-                                  start=torch.zeros((), device=student.logits.device))
+            terms["aux_ce"] = sum((F.cross_entropy(upcast(s), labels) for s in s_aux), start=zero)
         return terms

@@ -3,19 +3,21 @@ Eqs. 7-10 (cosine-similarity kernel, conditional probabilities, KL divergence)."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-from teachkit.data.base import Batch
-from teachkit.losses.base import DistillLoss, Progress
-from teachkit.losses.fitnet import require_taps
+from teachkit.losses.base import DistillLoss
+from teachkit.losses.features import require_taps
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 
 def conditional_probabilities(f: Tensor, eps: float) -> Tensor:
     """Rows of ((cos(f_i, f_j) + 1) / 2), each normalised to sum 1 (paper Eq. 9 with the cosine kernel)."""
-    f = f.float().flatten(1)
+    f = upcast(f).flatten(1)
     f = f / (f.pow(2).sum(dim=1, keepdim=True).sqrt() + eps)
     sim = (f @ f.t() + 1.0) / 2.0
     return sim / sim.sum(dim=1, keepdim=True)
@@ -29,7 +31,15 @@ def pkt_loss(f_s: Tensor, f_t: Tensor, eps: float = 1e-7) -> Tensor:
     return torch.mean(p_t * torch.log((p_t + eps) / (p_s + eps)))
 
 
-@LOSSES.register("pkt", "probabilistic knowledge transfer: KL of cosine-similarity distributions (Passalis 2018)")
+@dataclass
+class PKTOptions(Options):
+    """``eps``: the guard added to norms and probabilities (1e-7, RepDistiller's)."""
+
+    eps: float = option(1e-7, gt=0.0)
+
+
+@LOSSES.register("pkt", "probabilistic knowledge transfer: KL of cosine-similarity distributions (Passalis 2018)",
+                 options=PKTOptions)
 class PKT(DistillLoss):
     """Probabilistic knowledge transfer (Passalis & Tefas 2018) on the pooled embeddings, exactly as
     RepDistiller's ``PKT.cosine_similarity_loss`` (the authors' code):
@@ -44,14 +54,16 @@ class PKT(DistillLoss):
     differ. No trainable parameters.
     """
 
-    needs = ("embedding",)
+    student_needs = teacher_needs = ("embedding",)
+    term_names = ("pkt",)
     default_weight = 30000.0
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0,
-                 eps: float = 1e-7) -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: PKTOptions | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
+        self.options = options or PKTOptions()
         require_taps("pkt", student, teacher, "embedding")
-        self.eps = float(eps)
+        self.eps = self.options.eps
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         return {"pkt": pkt_loss(student.embedding, teacher.embedding.detach(), self.eps)}

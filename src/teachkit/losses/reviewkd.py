@@ -12,17 +12,18 @@ review loss with residual fusion of the paper's Sec. 3.2, as mdistiller's ``hcl_
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss, Progress
+from teachkit.losses.base import DistillLoss
+from teachkit.losses.dkd import warmup_factor
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 #: Pool sizes of the hierarchical context loss (a level is skipped once it is not smaller than the map).
 HCL_LEVELS = (4, 2, 1)
@@ -78,11 +79,11 @@ def hcl_loss(student: list[Tensor], teacher: list[Tensor]) -> Tensor:
 
     Per level: (MSE(f_s, f_t) + sum_l w_l MSE(pool_l(f_s), pool_l(f_t))) / (1 + sum_l w_l), l = 4, 2, 1
     with w = 1/2, 1/4, 1/8, skipping pools l >= min(H, W) (mdistiller tests H only; same on square maps).
-    MSE is the element mean, in float32.
+    MSE is the element mean, in at least float32 (float64 stays float64).
     """
-    total = student[0].new_zeros((), dtype=torch.float32)
+    total = student[0].new_zeros((), dtype=upcast(student[0]).dtype)
     for fs, ft in zip(student, teacher, strict=True):
-        fs, ft = fs.float(), ft.float()
+        fs, ft = upcast(fs), upcast(ft)
         loss = F.mse_loss(fs, ft)
         weight, norm = 1.0, 1.0
         for size in HCL_LEVELS:
@@ -97,7 +98,7 @@ def hcl_loss(student: list[Tensor], teacher: list[Tensor]) -> Tensor:
 
 def _levels(taps: Taps, tap: str, side: str) -> list[Tensor]:
     """The 4-D maps of ``tap`` plus the embedding as a (B, C, 1, 1) map; ConfigError naming what is missing."""
-    maps = getattr(taps, tap)
+    maps = taps.get(tap)
     if not maps:
         raise ConfigError(f"reviewkd needs the {side}'s {tap!r} tap (stage feature maps); "
                           f"name its modules in model.taps.{tap}")
@@ -111,8 +112,17 @@ def _levels(taps: Taps, tap: str, side: str) -> list[Tensor]:
     return [*maps, taps.embedding.flatten(1)[:, :, None, None]]
 
 
+@dataclass
+class ReviewKDOptions(Options):
+    """``warmup``: epochs of the linear ramp (20, mdistiller's); ``mid_channel``: the ABF width (null:
+    mdistiller's rule min(512, C), C = the student's pooled feature width)."""
+
+    warmup: float = option(20.0, ge=0.0)
+    mid_channel: int | None = option(None, ge=1)
+
+
 @LOSSES.register("reviewkd", "Knowledge review: ABF fusion of student stages, HCL vs teacher pre-ReLU maps, "
-                             "20-epoch warm-up")
+                             "20-epoch warm-up", options=ReviewKDOptions)
 class ReviewKD(DistillLoss):
     """ReviewKD (Chen et al. 2021): ``min(epoch / warmup, 1) * HCL(ABF(student levels), teacher levels)``.
 
@@ -123,34 +133,36 @@ class ReviewKD(DistillLoss):
 
     ``mid_channel`` (the ABF width) defaults to mdistiller's rule min(512, C), C = the student's pooled
     feature width: 64 for CIFAR ResNet-20/56 students, 256 for ResNet8x4, as the original ReviewKD code
-    sets per pair. ``warmup`` (epochs, default 20) ramps the loss linearly in ``progress.epoch_float``
-    (mdistiller steps it once per epoch, counting from 1). Returns ``{"hcl": w * HCL}``; the Distiller's
-    gamma (default 1; the paper uses 0.6, 1, 5 or 8 per pair, e.g. 5 for ResNet32x4 -> ResNet8x4)
-    multiplies it.
+    sets per pair. Returns the unweighted ``{"hcl": HCL}``; the warm-up (``warmup`` epochs, default 20)
+    is :meth:`ramp`, linear in ``progress.epoch_float`` (mdistiller steps it once per epoch, counting from
+    1), and the objective's gamma (default 1; the paper uses 0.6, 1, 5 or 8 per pair, e.g. 5 for
+    ResNet32x4 -> ResNet8x4) multiplies it.
     """
 
-    needs = ("stages", "stages_pre", "embedding")
+    student_needs = ("stages", "embedding")
+    teacher_needs = ("stages_pre", "embedding")
+    term_names = ("hcl",)
     default_weight = 1.0
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0,
-                 warmup: float = 20, mid_channel: int | None = None) -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: ReviewKDOptions | None = None, *,
+                 num_classes: int = 0, num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
-        if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not math.isfinite(warmup) \
-                or warmup < 0:
-            raise ConfigError(f"kd.options.reviewkd.warmup={warmup!r} is not allowed: must be a finite number >= 0")
+        self.options = options or ReviewKDOptions()
         s_levels, t_levels = self._pair(student, teacher)
+        mid_channel = self.options.mid_channel
         if mid_channel is None:
             mid_channel = min(MAX_MID_CHANNEL, s_levels[-1].shape[1])
-        elif isinstance(mid_channel, bool) or not isinstance(mid_channel, int) or mid_channel < 1:
-            raise ConfigError(f"kd.options.reviewkd.mid_channel={mid_channel!r} is not allowed: "
-                              f"must be an integer >= 1")
-        self.warmup = float(warmup)
+        self.warmup = self.options.warmup
         self.mid_channel = int(mid_channel)
         #: Teacher (H, W) per level, shallow to deep: the size each ABF output is resized to.
         self.out_sizes = [tuple(t.shape[-2:]) for t in t_levels]
         last = len(s_levels) - 1
         self.abfs = nn.ModuleList(ABF(s.shape[1], self.mid_channel, t.shape[1], fuse=i < last)
                                   for i, (s, t) in enumerate(zip(s_levels, t_levels, strict=True)))
+
+    def ramp(self, progress: Progress) -> float:
+        """The linear warm-up factor ``min(epoch / warmup, 1)`` at ``progress`` (1 when warmup = 0)."""
+        return warmup_factor(progress.epoch_float, self.warmup)
 
     @staticmethod
     def _pair(student: Taps, teacher: Taps) -> tuple[list[Tensor], list[Tensor]]:
@@ -176,8 +188,8 @@ class ReviewKD(DistillLoss):
         return t_levels[len(t_levels) - len(self.abfs):]
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
-        w = 1.0 if self.warmup <= 0 else min(progress.epoch_float / self.warmup, 1.0)
-        return {"hcl": w * hcl_loss(self.fuse(student), self.teacher_levels(teacher))}
+        teacher_levels = [t.detach() for t in self.teacher_levels(teacher)]
+        return {"hcl": hcl_loss(self.fuse(student), teacher_levels)}
 
     def extra_repr(self) -> str:
         return f"warmup={self.warmup}, mid_channel={self.mid_channel}, out_sizes={self.out_sizes}"

@@ -3,18 +3,17 @@ angle-wise losses)."""
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from teachkit.data.base import Batch
-from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss, Progress
-from teachkit.losses.fitnet import require_taps
+from teachkit.losses.base import DistillLoss
+from teachkit.losses.features import require_taps
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 
 def pairwise_distances(e: Tensor, eps: float = 1e-12) -> Tensor:
@@ -45,14 +44,24 @@ def angles(e: Tensor) -> Tensor:
 
 def rkd_terms(f_s: Tensor, f_t: Tensor) -> tuple[Tensor, Tensor]:
     """Unweighted (L_distance, L_angle): Huber (smooth L1, beta 1) losses, mean over B^2 / B^3 entries."""
-    s = f_s.float().flatten(1)
-    t = f_t.float().flatten(1).detach()
+    s = upcast(f_s).flatten(1)
+    t = upcast(f_t).flatten(1).detach()
     loss_d = F.smooth_l1_loss(normalised_distances(s), normalised_distances(t))
     loss_a = F.smooth_l1_loss(angles(s), angles(t))
     return loss_d, loss_a
 
 
-@LOSSES.register("rkd", "relational KD: 25 x distance + 50 x angle Huber losses on embeddings (Park et al. 2019)")
+@dataclass
+class RKDOptions(Options):
+    """``distance_weight`` / ``angle_weight``: the lambdas of the two terms (25 and 50, the paper's and
+    RepDistiller's)."""
+
+    distance_weight: float = option(25.0, ge=0.0)
+    angle_weight: float = option(50.0, ge=0.0)
+
+
+@LOSSES.register("rkd", "relational KD: 25 x distance + 50 x angle Huber losses on embeddings (Park et al. 2019)",
+                 options=RKDOptions)
 class RKD(DistillLoss):
     """Relational KD (Park et al. 2019) on the pooled embeddings, as RepDistiller's ``RKDLoss``:
 
@@ -60,26 +69,23 @@ class RKD(DistillLoss):
       batch, both sides; Huber (``F.smooth_l1_loss``, beta 1, mean over the B x B matrix incl. diagonal);
     - angle (Eq. 6-7): psi_A = <n(e_j - e_i), n(e_k - e_i)> over all (i, j, k); Huber, mean over B^3.
 
-    Returned terms carry their own weights, ``{"distance": distance_weight * L_D, "angle":
-    angle_weight * L_A}`` (25 and 50, the paper's and RepDistiller's lambdas), so that gamma
-    (``default_weight``) stays 1 and the two terms are logged separately as ``rkd.distance`` /
-    ``rkd.angle``. This is the one method whose terms are not unweighted. Student and teacher
-    dimensions may differ. No trainable parameters.
+    Returns the unweighted ``{"distance": L_D, "angle": L_A}``; their lambdas (``distance_weight`` 25 and
+    ``angle_weight`` 50, the paper's and RepDistiller's) are ``term_weights``, which the objective applies
+    together with gamma (``default_weight`` 1), so the two are logged separately and weighted as
+    ``rkd.distance`` / ``rkd.angle``. Student and teacher dimensions may differ. No trainable parameters.
     """
 
-    needs = ("embedding",)
+    student_needs = teacher_needs = ("embedding",)
+    term_names = ("distance", "angle")
     default_weight = 1.0
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0,
-                 distance_weight: float = 25.0, angle_weight: float = 50.0) -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: RKDOptions | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
+        self.options = options or RKDOptions()
         require_taps("rkd", student, teacher, "embedding")
-        for key, value in (("distance_weight", distance_weight), ("angle_weight", angle_weight)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"kd.options.rkd.{key} must be a finite number >= 0; got {value!r}")
-        self.distance_weight = float(distance_weight)
-        self.angle_weight = float(angle_weight)
+        self.term_weights = {"distance": self.options.distance_weight, "angle": self.options.angle_weight}
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         loss_d, loss_a = rkd_terms(student.embedding, teacher.embedding)
-        return {"distance": self.distance_weight * loss_d, "angle": self.angle_weight * loss_a}
+        return {"distance": loss_d, "angle": loss_a}

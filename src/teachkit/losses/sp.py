@@ -5,16 +5,15 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from teachkit.data.base import Batch
-from teachkit.losses.base import DistillLoss, Progress
-from teachkit.losses.fitnet import require_taps
+from teachkit.losses.base import DistillLoss
+from teachkit.losses.features import require_taps
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.types import Batch, Progress, Taps, upcast
 
 
 def similarity_matrix(f: Tensor) -> Tensor:
     """G = row-L2-normalise(Q Q^T) for Q the per-sample flattened map (paper Eqs. 2-3); (B, B)."""
-    q = f.float().flatten(1)
+    q = upcast(f).flatten(1)
     return F.normalize(q @ q.t(), p=2, dim=1)
 
 
@@ -29,10 +28,11 @@ class SimilarityPreserving(DistillLoss):
     """Similarity-preserving KD (Tung & Mori 2019, Eq. 4), as RepDistiller's ``Similarity`` on the
     last stage map (``feat[-2]``): G = row-normalise(F F^T) of the flattened (B, C*H*W) map per side,
     loss = ||G_t - G_s||_F^2 / B^2. Channel counts and spatial sizes may differ (G is B x B).
-    No trainable parameters.
+    No options, no trainable parameters.
     """
 
-    needs = ("stages",)
+    student_needs = teacher_needs = ("stages",)
+    term_names = ("sp",)
     default_weight = 3000.0
 
     def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0) -> None:

@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss, Progress
-from teachkit.losses.fitnet import as_map, match_spatial, paired_stages, require_taps
+from teachkit.losses.base import DistillLoss
+from teachkit.losses.features import as_map, match_spatial, paired_stages, require_taps
 from teachkit.losses.registry import LOSSES
-from teachkit.models.taps import Taps
+from teachkit.options import Options, option
+from teachkit.types import Batch, Progress, Taps, upcast
 
 
 def inverse_softplus(y: float) -> float:
@@ -45,12 +46,28 @@ class VIDStage(nn.Module):
     def forward(self, f_s: Tensor, f_t: Tensor) -> Tensor:
         """mean over batch, channels and positions of 0.5 * ((mu(f_s) - f_t)^2 / var + log var)."""
         f_s, f_t = match_spatial(f_s, f_t)
-        mu = self.regressor(f_s).float()
-        var = self.variance().float().view(1, -1, 1, 1)
-        return (0.5 * ((mu - f_t.float()).pow(2) / var + var.log())).mean()
+        mu = upcast(self.regressor(f_s))
+        var = upcast(self.variance()).view(1, -1, 1, 1)
+        return (0.5 * ((mu - upcast(f_t)).pow(2) / var + var.log())).mean()
 
 
-@LOSSES.register("vid", "variational information distillation: Gaussian NLL per stage (Ahn et al. 2019)")
+@dataclass
+class VIDOptions(Options):
+    """``init_pred_var``: the variance each channel starts at (5.0, RepDistiller's); ``eps``: the variance's
+    floor (1e-5); ``mid_channels``: the regressor's hidden width (null: the teacher stage's channels)."""
+
+    init_pred_var: float = option(5.0, gt=0.0)
+    eps: float = option(1e-5, gt=0.0)
+    mid_channels: int | None = option(None, ge=1)
+
+    def validate(self) -> None:
+        if not self.init_pred_var > self.eps:
+            raise ConfigError(f"{self.key('init_pred_var')}={self.init_pred_var!r} is not allowed: must be > "
+                              f"{self.key('eps')}={self.eps!r}")
+
+
+@LOSSES.register("vid", "variational information distillation: Gaussian NLL per stage (Ahn et al. 2019)",
+                 options=VIDOptions)
 class VID(DistillLoss):
     """Variational information distillation (Ahn et al. 2019, Eq. 5 with the Gaussian of Eq. 4), as
     RepDistiller's ``VIDLoss``: per stage pair, ``mean(0.5 * ((mu(f_s) - f_t)^2 / var + log var))`` with
@@ -65,23 +82,20 @@ class VID(DistillLoss):
     ``VIDLoss(s, t, t)``). All sizes come from the probed taps.
     """
 
-    needs = ("stages",)
+    student_needs = teacher_needs = ("stages",)
+    term_names = ("vid",)
     default_weight = 1.0
 
-    def __init__(self, student: Taps, teacher: Taps, *, num_classes: int = 0, num_samples: int = 0,
-                 init_pred_var: float = 5.0, eps: float = 1e-5, mid_channels: int | None = None) -> None:
+    def __init__(self, student: Taps, teacher: Taps, options: VIDOptions | None = None, *, num_classes: int = 0,
+                 num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
+        self.options = options or VIDOptions()
+        opts = self.options
         require_taps("vid", student, teacher, "stages")
-        if not init_pred_var > eps > 0:
-            raise ConfigError(f"kd.options.vid needs init_pred_var > eps > 0; got init_pred_var={init_pred_var!r}, "
-                              f"eps={eps!r}")
-        if mid_channels is not None and (isinstance(mid_channels, bool) or not isinstance(mid_channels, int)
-                                         or mid_channels < 1):
-            raise ConfigError(f"kd.options.vid.mid_channels must be an int >= 1 or null; got {mid_channels!r}")
         self.stages = nn.ModuleList()
         for f_s, f_t in paired_stages(student.stages, teacher.stages):
             s_c, t_c = as_map(f_s).shape[1], as_map(f_t).shape[1]
-            self.stages.append(VIDStage(s_c, mid_channels or t_c, t_c, float(init_pred_var), float(eps)))
+            self.stages.append(VIDStage(s_c, opts.mid_channels or t_c, t_c, opts.init_pred_var, opts.eps))
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         pairs = paired_stages(student.stages, teacher.stages)

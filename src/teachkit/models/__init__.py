@@ -21,7 +21,9 @@ from teachkit.models import (  # noqa: F401  (fill the registry)
     vgg,
     wrn,
 )
+from teachkit.models.frozen import FrozenTeacher
 from teachkit.models.taps import Tapped, Taps, TapSpec, unwrap
-from teachkit.models.zoo import MODELS, build_model, count_parameters
+from teachkit.models.zoo import MODELS, ModelConfig, build_model, count_parameters, make_model
 
-__all__ = ["MODELS", "TapSpec", "Tapped", "Taps", "build_model", "count_parameters", "unwrap"]
+__all__ = ["MODELS", "FrozenTeacher", "ModelConfig", "TapSpec", "Tapped", "Taps", "build_model", "count_parameters",
+           "make_model", "unwrap"]

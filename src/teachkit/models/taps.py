@@ -2,19 +2,26 @@
 
 A :class:`TapSpec` names module paths (as in ``model.named_modules()``):
 
-- ``embedding``: the classifier module whose *input* (flattened) is the pooled penultimate feature;
+- ``embedding``: the classifier module; the tap is that module's *input*, flattened to (B, D): the pooled
+  penultimate feature the logits are computed from (``classifier(embedding) == logits``);
 - ``stages``: modules whose *outputs* are each stage's post-activation map;
-- ``stages_pre``: modules whose *outputs* are each stage's pre-activation map.
+- ``stages_pre``: modules whose *outputs* are each stage's pre-activation map;
+- ``extra``: any other named tap, ``name: "path"`` (the module's output) or ``"path:input"`` (its first
+  input), e.g. ``model.taps.extra.block2="layer2.0:input"``;
+- ``logits``: for models returning a structured output (a mapping such as a Hugging Face ``ModelOutput``,
+  or a tuple), the field holding the logits (default ``logits``; a tuple's first element).
 
-Zoo models carry ``model.tap_spec``; for a user model, pass a TapSpec naming its paths. Logits
-are the model's output. Hooks resolve on the unwrapped module (``.module`` of DDP/DataParallel).
-Stage maps come back in the order the spec lists them; a module run several times per forward
-reports its last output. Recorded tensors are not detached, so losses on them backpropagate.
+A loss may also ask for a field of a structured output by name (``hidden_states``, ``attentions``); such
+fields come back in ``Taps.extra``. Zoo models carry ``model.tap_spec``; a user model gets one from
+``model.taps`` in the config, and a plain ``nn.Module`` without any works for logit-only methods. Hooks
+resolve on the unwrapped module (``.module`` of DDP/DataParallel, ``._orig_mod`` of torch.compile). Stage
+maps come back in the order the spec lists them; a module run several times per forward reports its last
+output. Recorded tensors are not detached, so losses on them backpropagate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +30,13 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from teachkit.errors import ConfigError
+from teachkit.registry import closest
+from teachkit.types import Inputs, Taps, call_model
+
+__all__ = ["TAP_NAMES", "TapSpec", "Tapped", "Taps", "spec_of", "unwrap"]
 
 TAP_NAMES = ("logits", "embedding", "stages", "stages_pre")
-_SPEC_KEYS = ("embedding", "stages", "stages_pre")
+_SPEC_KEYS = ("embedding", "stages", "stages_pre", "extra", "logits")
 
 
 def _paths(value: Any, key: str) -> tuple[str, ...]:
@@ -39,15 +50,35 @@ def _paths(value: Any, key: str) -> tuple[str, ...]:
     raise ConfigError(f"model.taps.{key} must be a module path or a list of paths; got {value!r}")
 
 
+def _extra(value: Any) -> dict[str, tuple[str, str]]:
+    """``{name: "path[:input|:output]"}`` as ``{name: (path, "input" | "output")}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"model.taps.extra must be a mapping of name: module path; got {value!r}")
+    out = {}
+    for name, spec in value.items():
+        if name in TAP_NAMES:
+            raise ConfigError(f"model.taps.extra.{name}: {name!r} is a built-in tap; choose another name")
+        if not isinstance(spec, str) or not spec:
+            raise ConfigError(f"model.taps.extra.{name} must be a module path, optionally ending in :input or "
+                              f":output; got {spec!r}")
+        path, _, where = spec.rpartition(":") if spec.endswith((":input", ":output")) else (spec, "", "output")
+        out[str(name)] = (path, where)
+    return out
+
+
 @dataclass(frozen=True)
 class TapSpec:
     embedding: str | None = None
     stages: tuple[str, ...] = ()
     stages_pre: tuple[str, ...] = ()
+    extra: dict[str, tuple[str, str]] = field(default_factory=dict)
+    logits: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict) -> TapSpec:
-        if not isinstance(d, dict):
+    def from_dict(cls, d: Any) -> TapSpec:
+        if not isinstance(d, Mapping):
             raise ConfigError(f"model.taps must be a mapping with keys {', '.join(_SPEC_KEYS)}; got {d!r}")
         bad = sorted(set(d) - set(_SPEC_KEYS))
         if bad:
@@ -55,15 +86,11 @@ class TapSpec:
         emb = d.get("embedding")
         if emb is not None and not isinstance(emb, str):
             raise ConfigError(f"model.taps.embedding must be one module path; got {emb!r}")
-        return cls(emb, _paths(d.get("stages"), "stages"), _paths(d.get("stages_pre"), "stages_pre"))
-
-
-@dataclass
-class Taps:
-    logits: Tensor
-    embedding: Tensor | None = None
-    stages: list[Tensor] = field(default_factory=list)
-    stages_pre: list[Tensor] = field(default_factory=list)
+        logits = d.get("logits")
+        if logits is not None and not isinstance(logits, str):
+            raise ConfigError(f"model.taps.logits must be the name of an output field; got {logits!r}")
+        return cls(emb, _paths(d.get("stages"), "stages"), _paths(d.get("stages_pre"), "stages_pre"),
+                   _extra(d.get("extra")), logits)
 
 
 def _is_wrapper(model: nn.Module) -> bool:
@@ -95,12 +122,30 @@ def spec_of(model: nn.Module, spec: TapSpec | None = None) -> TapSpec:
     return found if found is not None else TapSpec()
 
 
+def split_output(out: Any, field_name: str | None) -> tuple[Tensor, Mapping[str, Any]]:
+    """(logits, fields) of a model's output: a tensor is the logits; a mapping (Hugging Face ``ModelOutput``)
+    gives ``out[field_name or "logits"]`` and its fields; a tuple gives its first element."""
+    if isinstance(out, Tensor):
+        return out, {}
+    if isinstance(out, Mapping):
+        key = field_name or "logits"
+        if key not in out:
+            raise ConfigError(f"the model's output has no field {key!r} (fields: {', '.join(map(str, out))}); "
+                              "name the logits field in model.taps.logits")
+        return out[key], out
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        return out[0], {}
+    raise ConfigError(f"the model returned {type(out).__name__}; a model must return its logits as a tensor, "
+                      "a mapping with a logits field, or a tuple starting with them")
+
+
 class Tapped(nn.Module):
     """Wrap ``model`` so that calling it returns :class:`Taps` with the requested features.
 
-    Only the taps in ``want`` are recorded, so plain KD (logits only) pays nothing for hooks.
-    Hooks stay on the model until :meth:`remove` (or the end of a ``with Tapped(...)`` block);
-    they record only while this wrapper's own forward runs.
+    Only the taps in ``want`` are recorded, so plain KD (logits only) pays nothing for hooks. Names beyond
+    the four built-in ones are extras: a module input/output declared in ``spec.extra``, else a field of
+    the model's structured output. Hooks stay on the model until :meth:`remove` (or the end of a
+    ``with Tapped(...)`` block); they record only while this wrapper's own forward runs.
     """
 
     def __init__(self, model: nn.Module, spec: TapSpec | None = None,
@@ -110,61 +155,67 @@ class Tapped(nn.Module):
         self.spec = spec_of(model, spec)
         want = (want,) if isinstance(want, str) else want
         self.want = frozenset(want)
-        bad = self.want - set(TAP_NAMES)
-        if bad:
-            raise ConfigError(f"unknown tap {sorted(bad)[0]!r}; allowed: {', '.join(TAP_NAMES)}")
         inner = unwrap(model)
         modules = dict(inner.named_modules())
-        self._records: dict[tuple[str, int], Tensor] = {}
+        self._records: dict[tuple[str, Any], Tensor] = {}
         self._active = False
         self._handles: list[RemovableHandle] = []
-        name = type(inner).__name__
+        self.name = type(inner).__name__
+        #: extras read from the model's structured output rather than from a hook
+        self.output_fields = sorted(n for n in self.want - set(TAP_NAMES) if n not in self.spec.extra)
 
-        def need(path: str | None, tap: str) -> nn.Module:
+        def need(path: str | None, tap: str, key: str) -> nn.Module:
             if not path:
-                raise ConfigError(
-                    f"model {name} has no {tap!r} tap; name its module path in model.taps.{tap}"
-                )
+                raise ConfigError(f"model {self.name} has no {tap!r} tap; name its module path in model.taps.{key}")
             if path not in modules:
-                raise ConfigError(f"model {name} has no module {path!r} for tap {tap!r}")
+                raise ConfigError(f"model {self.name} has no module {path!r} for tap {tap!r} (model.taps.{key})")
             return modules[path]
 
         # Resolve every path before registering anything, so a bad path leaves no hooks behind.
-        pre_hooks: list[tuple[nn.Module, tuple[str, int]]] = []
-        hooks: list[tuple[nn.Module, tuple[str, int]]] = []
+        inputs: list[tuple[nn.Module, tuple[str, Any], bool]] = []  # (module, key, flatten)
+        outputs: list[tuple[nn.Module, tuple[str, Any]]] = []
         if "embedding" in self.want:
-            pre_hooks.append((need(self.spec.embedding, "embedding"), ("embedding", 0)))
+            inputs.append((need(self.spec.embedding, "embedding", "embedding"), ("embedding", 0), True))
         for tap in ("stages", "stages_pre"):
             if tap in self.want:
                 paths = getattr(self.spec, tap)
                 if not paths:
-                    need(None, tap)
-                hooks += [(need(p, tap), (tap, i)) for i, p in enumerate(paths)]
-        for mod, key in pre_hooks:
-            self._handles.append(mod.register_forward_pre_hook(self._pre_hook(key)))
-        for mod, key in hooks:
+                    need(None, tap, tap)
+                outputs += [(need(p, tap, tap), (tap, i)) for i, p in enumerate(paths)]
+        for name in sorted(self.want - set(TAP_NAMES)):
+            if name in self.spec.extra:
+                path, where = self.spec.extra[name]
+                mod = need(path, name, f"extra.{name}")
+                if where == "input":
+                    inputs.append((mod, ("extra", name), False))
+                else:
+                    outputs.append((mod, ("extra", name)))
+        for mod, key, flat in inputs:
+            self._handles.append(mod.register_forward_pre_hook(self._pre_hook(key, flat)))
+        for mod, key in outputs:
             self._handles.append(mod.register_forward_hook(self._hook(key)))
 
-    def _pre_hook(self, key: tuple[str, int]) -> Callable[[nn.Module, tuple], None]:
+    def _pre_hook(self, key: tuple[str, Any], flatten: bool) -> Callable[[nn.Module, tuple], None]:
         def hook(_mod: nn.Module, args: tuple) -> None:
             if self._active and args:
-                self._records[key] = torch.flatten(args[0], 1)
+                self._records[key] = torch.flatten(args[0], 1) if flatten else args[0]
         return hook
 
-    def _hook(self, key: tuple[str, int]) -> Callable[[nn.Module, tuple, Tensor], None]:
-        def hook(_mod: nn.Module, _args: tuple, out: Tensor) -> None:
+    def _hook(self, key: tuple[str, Any]) -> Callable[[nn.Module, tuple, Any], None]:
+        def hook(_mod: nn.Module, _args: tuple, out: Any) -> None:
             if self._active:
                 self._records[key] = out
         return hook
 
-    def forward(self, x: Tensor) -> Taps:
+    def forward(self, x: Inputs) -> Taps:
         self._records = {}
         self._active = True
         try:
-            logits = self.model(x)
+            out = call_model(self.model, x)
         finally:
             self._active = False
             rec, self._records = self._records, {}
+        logits, fields = split_output(out, self.spec.logits)
 
         def collect(tap: str) -> list[Tensor]:
             if tap not in self.want:
@@ -172,13 +223,25 @@ class Tapped(nn.Module):
             paths = (self.spec.embedding,) if tap == "embedding" else getattr(self.spec, tap)
             for i, p in enumerate(paths):
                 if (tap, i) not in rec:
-                    raise ConfigError(
-                        f"module {p!r} named in model.taps.{tap} did not run in the forward pass"
-                    )
+                    raise ConfigError(f"module {p!r} named in model.taps.{tap} did not run in the forward pass")
             return [rec[(tap, i)] for i in range(len(paths))]
 
+        extra: dict[str, Any] = {}
+        for name in self.want - set(TAP_NAMES):
+            if name in self.spec.extra:
+                if ("extra", name) not in rec:
+                    raise ConfigError(f"module {self.spec.extra[name][0]!r} named in model.taps.extra.{name} did "
+                                      "not run in the forward pass")
+                extra[name] = rec[("extra", name)]
+            elif name in fields:
+                extra[name] = fields[name]
+            else:
+                known = [*TAP_NAMES, *self.spec.extra, *map(str, fields)]
+                raise ConfigError(f"model {self.name} has no tap {name!r}{closest(name, known)}: declare it as "
+                                  f"model.taps.extra.{name}=<module path>[:input] or return it as a field of the "
+                                  "model's output")
         emb = collect("embedding")
-        return Taps(logits, emb[0] if emb else None, collect("stages"), collect("stages_pre"))
+        return Taps(logits, emb[0] if emb else None, collect("stages"), collect("stages_pre"), extra)
 
     def remove(self) -> None:
         for h in self._handles:

@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from teachkit.errors import ConfigError
+from teachkit.models.taps import TapSpec
+from teachkit.options import Options, option
 from teachkit.registry import Registry, closest
 
 Builder = Callable[..., nn.Module]
 
 MODELS: Registry[Builder] = Registry("model")
+
+
+@dataclass
+class ModelConfig(Options):
+    """A zoo model by ``name`` with keyword ``options``; ``taps`` names module paths for models without a
+    tap spec (see :class:`teachkit.models.TapSpec`: embedding, stages, stages_pre, extra, logits)."""
+
+    name: str = "mlp"
+    options: dict[str, Any] = option(factory=dict)
+    taps: dict[str, Any] = option(factory=dict)
+
+    def validate(self) -> None:
+        MODELS.entry(self.name)  # unknown names: one line with did-you-mean
+        if self.taps:
+            TapSpec.from_dict(self.taps)
+
+
+def make_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> nn.Module:
+    """Build ``cfg``'s model for ``input_shape`` / ``num_classes``, with ``cfg.taps`` as its tap spec."""
+    model = build_model(cfg.name, input_shape, num_classes, **cfg.options)
+    if cfg.taps:
+        model.tap_spec = TapSpec.from_dict(cfg.taps)
+    return model
 
 
 def input_shape_of(input_shape: Any, model: str = "") -> tuple[int, ...]:

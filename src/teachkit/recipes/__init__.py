@@ -1,10 +1,17 @@
-"""Recipes: how teacher and student are scheduled (train, kd, prokd, annealing, rco, takd, eskd, l2t)."""
+"""Recipes: who trains when (train, kd, prokd, annealing, rco, takd, eskd, l2t).
 
-import teachkit.recipes.l2t_dlf  # noqa: F401  (registers the l2t recipe)
-from teachkit.recipes import baselines, prokd  # noqa: F401  (register prokd, annealing, rco, takd, eskd)
-from teachkit.recipes.common import FrozenTeacher, RunResult, load_model
+Each recipe is a short function ``recipe(cfg, resume=False, splits=None, run_dir=None) -> RunResult``
+registered in :data:`RECIPES` with its options dataclass (its config section); it composes a
+:class:`RunContext` (run folder, device, data, seeding), a :class:`TeacherSource` and engine calls.
+"""
+
+from teachkit.recipes import baselines, l2t, prokd  # noqa: F401  (register prokd, annealing, rco, takd, eskd, l2t)
+from teachkit.recipes.common import RunResult, load_model
+from teachkit.recipes.context import RunContext
 from teachkit.recipes.kd import distill
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.standalone import train_model
+from teachkit.recipes.teacher import TeacherSource, TeacherTrajectory
 
-__all__ = ["RECIPES", "RunResult", "FrozenTeacher", "distill", "train_model", "load_model"]
+__all__ = ["RECIPES", "RunContext", "RunResult", "TeacherSource", "TeacherTrajectory", "distill", "load_model",
+           "train_model"]

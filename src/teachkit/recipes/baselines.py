@@ -13,18 +13,36 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from teachkit.config import RunConfig
-from teachkit.data.base import Splits
-from teachkit.engine.checkpoint import Trajectory, write_json
-from teachkit.errors import CheckpointError, ConfigError
-from teachkit.models import count_parameters
-from teachkit.recipes.common import RunResult, device_of, load_data, make_model, prepare_run_dir, with_changes
+from teachkit.config import RunConfig, with_changes
+from teachkit.data import Splits
+from teachkit.engine.checkpoint import write_json
+from teachkit.errors import ConfigError
+from teachkit.models import ModelConfig, count_parameters
+from teachkit.options import Options, option
+from teachkit.recipes.common import RunResult
+from teachkit.recipes.context import RunContext
 from teachkit.recipes.kd import distill
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.standalone import train_model
-from teachkit.recipes.trajectory import teacher_run_config
+from teachkit.recipes.teacher import TeacherSource
+
+
+@dataclass
+class TAKDOptions(Options):
+    """Teacher-assistant KD (Mirzadeh et al. 2020): teacher -> assistant (KD) -> student (KD)."""
+
+    assistant: ModelConfig = option(factory=lambda: ModelConfig(name="resnet20"))
+    assistant_epochs: int | None = option(None, ge=1)
+
+
+@dataclass
+class ESKDOptions(Options):
+    """Early-stopped teacher (Cho & Hariharan 2019) and checkpoint search over a teacher trajectory."""
+
+    epoch: int | None = option(None, ge=1)
+    search: bool = False
 
 
 def _cost(results: list[RunResult], teacher_epochs: int, t0: float) -> dict:
@@ -34,64 +52,44 @@ def _cost(results: list[RunResult], teacher_epochs: int, t0: float) -> dict:
             "wall_time_s": time.perf_counter() - t0}
 
 
-@RECIPES.register("takd", "TAKD: teacher -> teacher assistant (KD) -> student (KD)")
+@RECIPES.register("takd", "TAKD: teacher -> teacher assistant (KD) -> student (KD)", options=TAKDOptions)
 def takd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Distil the assistant ``takd.assistant`` from the teacher, then the student from the assistant."""
     t0 = time.perf_counter()
-    device = device_of(cfg)
-    run_dir = prepare_run_dir(cfg, resume, run_dir)
-    splits = splits if splits is not None else load_data(cfg.data, device)
+    ctx = RunContext.open(cfg, resume, splits, run_dir)
     assistant_cfg = with_changes(cfg, name=f"{cfg.name}/assistant", model=cfg.takd.assistant,
                                  train={"epochs": cfg.takd.assistant_epochs or cfg.train.epochs},
                                  data={"train_subset": None, "omit_classes": [], "few_shot": 0}, kd={"method": "kd"})
     teacher_model = cfg.teacher.model
-    ta_size = count_parameters(make_model(cfg.takd.assistant, splits, device))
+    ta_size = count_parameters(ctx.model(cfg.takd.assistant))
     if not cfg.teacher.checkpoint:
-        t_size = count_parameters(make_model(teacher_model, splits, device))
+        t_size = count_parameters(ctx.model(teacher_model))
         if ta_size > t_size:
             print(f"teachkit: warning: the assistant {cfg.takd.assistant.name} ({ta_size:,} parameters) is larger "
                   f"than the teacher {teacher_model.name} ({t_size:,})", file=sys.stderr)
-    assistant_dir = run_dir / "assistant"
+    assistant_dir = ctx.run_dir / "assistant"
     if (assistant_dir / "summary.json").is_file():
         assistant = RunResult(assistant_dir, json.loads((assistant_dir / "summary.json").read_text()), None)
     else:
-        full = load_data(cfg.data, device, subset=False)
-        assistant = distill(assistant_cfg, resume=resume, splits=full, run_dir=assistant_dir)
+        assistant = distill(assistant_cfg, resume=resume, splits=ctx.full_splits(), run_dir=assistant_dir)
     student_cfg = with_changes(cfg, teacher={"checkpoint": str(assistant_dir)}, kd={"method": "kd"})
-    student = distill(student_cfg, resume=resume, splits=splits, run_dir=run_dir / "student")
-    teacher_epochs = 0 if cfg.teacher.checkpoint else cfg.teacher.epochs
+    student = distill(student_cfg, resume=resume, splits=ctx.splits, run_dir=ctx.run_dir / "student")
     summary = {**student.summary, "assistant": {k: assistant.summary.get(k) for k in
                                                 ("val_acc", "test_acc", "best_val_acc", "test_acc_at_best")},
-               "cost": _cost([assistant, student], teacher_epochs, t0)}
-    write_json(run_dir / "summary.json", summary)
-    return RunResult(run_dir, summary, student.model, student.history)
+               "cost": _cost([assistant, student], TeacherSource(ctx).epochs_trained, t0)}
+    write_json(ctx.run_dir / "summary.json", summary)
+    return RunResult(ctx.run_dir, summary, student.model, student.history)
 
 
-def trajectory_of(cfg: RunConfig, run_dir: Path, resume: bool, device) -> tuple[Trajectory, Path, int]:
-    """The teacher trajectory: recorded in ``teacher.checkpoint``, or trained now into run_dir/teacher."""
-    if cfg.teacher.checkpoint:
-        folder, trained = Path(cfg.teacher.checkpoint), 0
-    else:
-        folder = run_dir / "teacher"
-        if not (folder / "summary.json").is_file():
-            train_model(teacher_run_config(cfg), resume=resume, splits=load_data(cfg.data, device, subset=False),
-                        run_dir=folder)
-        trained = cfg.teacher.epochs
-    manifest = folder / "trajectory" / Trajectory.MANIFEST
-    if not manifest.is_file():
-        raise CheckpointError(f"no trajectory manifest {str(manifest)!r}: train the teacher with train.save_every=k")
-    return Trajectory(folder / "trajectory"), folder, trained
-
-
-@RECIPES.register("eskd", "early-stopped teacher (eskd.epoch) or search over every teacher checkpoint (eskd.search)")
+@RECIPES.register("eskd", "early-stopped teacher (eskd.epoch) or search over every teacher checkpoint (eskd.search)",
+                  options=ESKDOptions)
 def eskd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Hinton KD from a teacher trajectory checkpoint; with ``eskd.search`` from each, keeping the best on val."""
     t0 = time.perf_counter()
-    device = device_of(cfg)
-    run_dir = prepare_run_dir(cfg, resume, run_dir)
-    splits = splits if splits is not None else load_data(cfg.data, device)
-    trajectory, folder, trained = trajectory_of(cfg, run_dir, resume, device)
-    available = [e["epoch"] for e in trajectory.entries if e["epoch"] > 0]
+    ctx = RunContext.open(cfg, resume, splits, run_dir)
+    source = TeacherSource(ctx)
+    trajectory = source.recorded()
+    available = [e for e in trajectory.epochs if e > 0]
     if cfg.eskd.search:
         epochs = available
     else:
@@ -102,15 +100,18 @@ def eskd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
         epochs = [cfg.eskd.epoch]
     runs = {}
     for epoch in epochs:
-        file = folder / "trajectory" / f"epoch_{epoch:04d}.safetensors"
-        student_cfg = with_changes(cfg, teacher={"checkpoint": str(file)}, kd={"method": "kd"})
-        runs[epoch] = distill(student_cfg, resume=resume, splits=splits, run_dir=run_dir / f"from-epoch-{epoch:04d}")
-    best_epoch = max(runs, key=lambda e: (runs[e].summary["best_val_acc"], -e))
+        student_cfg = with_changes(cfg, teacher={"checkpoint": str(trajectory.path(epoch))}, kd={"method": "kd"})
+        runs[epoch] = distill(student_cfg, resume=resume, splits=ctx.splits,
+                              run_dir=ctx.run_dir / f"from-epoch-{epoch:04d}")
+    metric = next(iter(runs.values())).summary["select_metric"]
+    sign = 1.0 if ctx.evaluator().direction(metric) == "max" else -1.0
+    if cfg.train.select_mode != "auto":
+        sign = 1.0 if cfg.train.select_mode == "max" else -1.0
+    best_epoch = max(runs, key=lambda e: (sign * runs[e].summary[f"best_val_{metric}"], -e))
     best = runs[best_epoch]
-    table = [{"teacher_epoch": e, "best_val_acc": r.summary["best_val_acc"], "val_acc": r.summary["val_acc"],
-              "test_acc": r.summary["test_acc"], "test_acc_at_best": r.summary["test_acc_at_best"]}
-             for e, r in runs.items()]
+    keys = (f"best_val_{metric}", f"val_{metric}", f"test_{metric}", f"test_{metric}_at_best")
+    table = [{"teacher_epoch": e, **{k: r.summary[k] for k in keys}} for e, r in runs.items()]
     summary = {**best.summary, "teacher_epoch": best_epoch, "search": table,
-               "cost": _cost(list(runs.values()), trained, t0)}
-    write_json(run_dir / "summary.json", summary)
-    return RunResult(run_dir, summary, best.model, best.history)
+               "cost": _cost(list(runs.values()), source.epochs_trained, t0)}
+    write_json(ctx.run_dir / "summary.json", summary)
+    return RunResult(ctx.run_dir, summary, best.model, best.history)

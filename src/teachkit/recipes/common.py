@@ -1,8 +1,7 @@
-"""Pieces every recipe composes: seeding, data, models, run folders, frozen teachers."""
+"""Pieces every recipe composes: run results, seeding, data, model checkpoints, compatibility checks."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,16 +11,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from teachkit.config import DataConfig, ModelConfig, RunConfig, dump_yaml, from_dict, read_yaml, to_dict
-from teachkit.data import load_splits
-from teachkit.data.base import Splits
-from teachkit.engine.checkpoint import load_checkpoint, strip
-from teachkit.engine.trainer import resolve_device
+from teachkit.config import RunConfig, from_dict, to_dict, with_changes
+from teachkit.data import DataConfig, Splits, splits_for
+from teachkit.engine import load_checkpoint, resolve_device
+from teachkit.engine.checkpoint import strip
 from teachkit.errors import CheckpointError, ConfigError
-from teachkit.models import TapSpec, build_model
+from teachkit.models import FrozenTeacher, ModelConfig, make_model
 
-# Keys that may differ between a run and its resumption (they do not change the result).
-RESUMABLE_DIFFERENCES = {("train", "progress"), ("train", "device"), ("train", "tensorboard")}
+__all__ = ["FrozenTeacher", "RunResult", "check_compatible", "checkpoint_file", "device_of", "load_data", "load_model",
+           "model_meta", "seed_everything", "with_changes"]
 
 
 @dataclass
@@ -30,7 +28,7 @@ class RunResult:
 
     run_dir: Path
     summary: dict[str, Any]
-    model: nn.Module
+    model: nn.Module | None
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -43,50 +41,20 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def load_data(data: DataConfig, device: torch.device, subset: bool = True) -> Splits:
+def load_data(data: DataConfig, device: torch.device | str, subset: bool = True) -> Splits:
     """The dataset's splits on ``device``. ``subset=False`` (teachers) ignores the student's transfer-set
     options ``data.train_subset``, ``omit_classes`` and ``few_shot``."""
-    splits = load_splits(data.name, root=data.root, val_fraction=data.val_fraction, split_seed=data.split_seed,
-                         train_subset=data.train_subset if subset else None, options=data.options,
-                         omit_classes=data.omit_classes if subset else (), few_shot=data.few_shot if subset else 0)
-    return splits.to(device)
+    return splits_for(data if subset else data.full()).to(device)
+
+
+def device_of(cfg: RunConfig) -> torch.device:
+    return resolve_device(cfg.train.device)
 
 
 def model_meta(cfg: RunConfig, splits: Splits, loss: str) -> dict[str, Any]:
     """What a checkpoint records to be loadable on its own: model, shapes, data, objective."""
     return {"model": to_dict(cfg.model), "input_shape": list(splits.input_shape), "data": to_dict(cfg.data),
             "num_classes": splits.num_classes, "dataset": splits.name, "loss": loss}
-
-
-def make_model(model_cfg: ModelConfig, splits: Splits, device: torch.device) -> nn.Module:
-    model = build_model(model_cfg.name, splits.input_shape, splits.num_classes, **model_cfg.options)
-    if model_cfg.taps:
-        model.tap_spec = TapSpec.from_dict(model_cfg.taps)
-    return model.to(device)
-
-
-def prepare_run_dir(cfg: RunConfig, resume: bool, run_dir: Path | None = None) -> Path:
-    """Create ``out_dir/name`` and save the resolved config; refuse to overwrite or mix configs."""
-    run_dir = Path(run_dir) if run_dir is not None else Path(cfg.out_dir) / cfg.name
-    saved = run_dir / "config.yaml"
-    if saved.is_file():
-        if not resume:
-            raise ConfigError(f"run folder {str(run_dir)!r} already exists; pass --resume to continue it "
-                              f"or choose another name=...")
-        old = to_dict(from_dict(read_yaml(saved)))
-        new = to_dict(cfg)
-        for section, values in new.items():
-            if isinstance(values, dict):
-                for key, value in values.items():
-                    if (section, key) not in RESUMABLE_DIFFERENCES and old[section].get(key) != value:
-                        raise ConfigError(f"cannot resume {str(run_dir)!r}: it was made with {section}.{key}="
-                                          f"{old[section].get(key)!r}, not {value!r}")
-            elif section not in ("out_dir",) and old.get(section) != values:
-                raise ConfigError(f"cannot resume {str(run_dir)!r}: it was made with {section}="
-                                  f"{old.get(section)!r}, not {values!r}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(dump_yaml(cfg))
-    return run_dir
 
 
 def checkpoint_file(path: str | Path, select: str = "last") -> Path:
@@ -109,32 +77,13 @@ def load_model(path: str | Path, select: str = "last", device: torch.device | st
     except (KeyError, TypeError):
         raise CheckpointError(f"checkpoint {str(file)!r} does not describe its model (not a teachkit checkpoint)") \
             from None
-    model = build_model(model_cfg.name, shape, classes, **model_cfg.options)
-    if model_cfg.taps:
-        model.tap_spec = TapSpec.from_dict(model_cfg.taps)
+    model = make_model(model_cfg, shape, classes)
     try:
         model.load_state_dict(strip("model/", tensors))
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {str(file)!r} does not fit model {model_cfg.name!r}: "
                               f"{str(e).splitlines()[0]}") from None
     return model.to(device), state
-
-
-class FrozenTeacher(nn.Module):
-    """A teacher that stays in eval mode, never takes gradients and is not in any optimiser."""
-
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module.eval()
-        for p in self.module.parameters():
-            p.requires_grad_(False)
-
-    def train(self, mode: bool = True) -> FrozenTeacher:  # noqa: ARG002 - always eval
-        return super().train(False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self.module(x)
 
 
 def check_compatible(teacher_state: dict, splits: Splits) -> None:
@@ -145,20 +94,3 @@ def check_compatible(teacher_state: dict, splits: Splits) -> None:
     if tuple(teacher_state["input_shape"]) != tuple(splits.input_shape):
         raise ConfigError(f"teacher takes inputs of shape {tuple(teacher_state['input_shape'])} but dataset "
                           f"{splits.name!r} has {tuple(splits.input_shape)}")
-
-
-def device_of(cfg: RunConfig) -> torch.device:
-    return resolve_device(cfg.train.device)
-
-
-def with_changes(cfg: RunConfig, **sections: dict[str, Any]) -> RunConfig:
-    """A copy of ``cfg`` with fields of sections replaced: ``with_changes(cfg, train={"epochs": 3})``."""
-    out = cfg
-    for section, changes in sections.items():
-        value = getattr(out, section)
-        if isinstance(changes, dict) and dataclasses.is_dataclass(value):
-            value = dataclasses.replace(value, **changes)
-        else:
-            value = changes
-        out = dataclasses.replace(out, **{section: value})
-    return out

@@ -1,10 +1,11 @@
-"""Students that follow a teacher over time: Pro-KD, Annealing-KD and RCO (METHODS.md sections 3-4).
+"""Students that follow a teacher over time: Pro-KD, Annealing-KD and RCO.
 
 All three are one student run whose per-epoch plan says what the student fits:
 
-- Pro-KD (seed ``pro-kd.txt``): phase I, stage i: ``||z_s - z_t(theta_i) / T_i||^2`` for n_i epochs,
-  theta_i the teacher after its epoch i, T_i = max(1, tau_max - floor((i - 1) / stage_epochs)); no CE.
-  Phase II: CE on labels for the remaining epochs.
+- Pro-KD (Rezagholizadeh et al. 2022, "Pro-KD: Progressive Distillation by Following the Footsteps of the
+  Teacher"): phase I, stage i: ``||z_s - z_t(theta_i) / T_i||^2`` for n_i epochs, theta_i the teacher
+  after its epoch i, T_i = max(1, tau_max - floor((i - 1) / stage_epochs)); no CE. Phase II: CE on labels
+  for the remaining epochs.
 - Annealing-KD (Jafari et al. 2021): the same temperature schedule, but the fully trained, frozen
   teacher and ``||z_s - z_t * Phi(T)||^2`` with Phi(T) = 1 - (T - 1) / tau_max (not z_t / T: the two
   agree only at T = 1); then CE.
@@ -13,7 +14,8 @@ All three are one student run whose per-epoch plan says what the student fits:
 
 The squared error is summed over classes and averaged over the batch (``prokd.reduction=sum``, the
 paper's ||.||^2) or averaged over all elements (``mean``, i.e. ``F.mse_loss``: C times smaller
-gradients at the same lr). The recipe code never looks inside ``x``: any model pair works.
+gradients at the same lr). The recipe code never looks inside ``x``: any model pair works. The teacher
+comes from :class:`~teachkit.recipes.teacher.TeacherSource` (online or replayed trajectory).
 """
 
 from __future__ import annotations
@@ -22,26 +24,52 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch.nn.functional as F
 from torch import Tensor
 
 from teachkit.config import RunConfig
-from teachkit.data.base import Splits
-from teachkit.engine.trainer import Trainer
+from teachkit.data import Splits
+from teachkit.engine import EpochHooks
 from teachkit.errors import ConfigError
 from teachkit.losses.kd import kd_kl
-from teachkit.recipes.common import (
-    RunResult,
-    device_of,
-    load_data,
-    make_model,
-    model_meta,
-    prepare_run_dir,
-    seed_everything,
-)
+from teachkit.options import Options, option
+from teachkit.recipes.common import RunResult
+from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.trajectory import TeacherTrajectory
+from teachkit.recipes.teacher import TeacherSource
+from teachkit.types import StepOutput, upcast
+
+
+@dataclass
+class ProKDOptions(Options):
+    """Pro-KD (student follows the teacher's trajectory) and Annealing-KD schedules (the ``prokd`` section).
+
+    Phase I: after teacher epoch i the student trains ``student_epochs`` (n_i; an int for every i, or
+    one entry per teacher epoch) epochs on ||z_s - z_t(theta_i) / T_i||^2; T starts at ``tau_max`` and
+    drops by 1 every ``stage_epochs`` teacher epochs, floored at 1. Phase II: CE for the remaining
+    ``train.epochs``. ``mode``: ``online`` trains the teacher (``teacher.model``, ``teacher.epochs``) in
+    the same run, interleaved epoch by epoch; ``replay`` follows the trajectory recorded in the run
+    folder ``teacher.checkpoint`` (a teacher trained with ``train.save_every=1``). ``checkpoint_at``:
+    student stage i distils from the teacher after its epoch i (``end``) or before it (``start``).
+    ``reduction``: ``sum`` over classes then batch mean (the paper's ||.||^2), or ``mean`` over all
+    elements (``F.mse_loss``: C times smaller gradients at the same lr).
+    """
+
+    mode: Literal["online", "replay"] = "online"
+    tau_max: float = option(10.0, ge=1.0)
+    stage_epochs: int = option(1, ge=1)
+    student_epochs: int | list[int] = 1
+    checkpoint_at: Literal["end", "start"] = "end"
+    reduction: Literal["sum", "mean"] = "sum"
+
+
+@dataclass
+class RCOOptions(Options):
+    """Route-constrained optimisation (Jin et al. 2019): anchors = teacher checkpoints at equal intervals."""
+
+    anchors: int = option(4, ge=1)
 
 
 @dataclass(frozen=True)
@@ -95,22 +123,19 @@ def rco_plan(cfg: RunConfig, teacher_epochs: int) -> list[Stage]:
 def squared_error(zs: Tensor, target: Tensor, reduction: str) -> Tensor:
     """||z_s - target||^2 summed over classes, mean over batch (``sum``) or ``F.mse_loss`` (``mean``)."""
     if reduction == "mean":
-        return F.mse_loss(zs.float(), target.float())
-    return (zs.float() - target.float()).pow(2).sum(dim=1).mean()
+        return F.mse_loss(upcast(zs), upcast(target))
+    return (upcast(zs) - upcast(target)).pow(2).sum(dim=1).mean()
 
 
 def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir: Path | None, recipe: str,
                    make_plan: Callable[[RunConfig, int], list[Stage]], mode: str) -> RunResult:
     """Train the student by ``make_plan``'s per-epoch stages against a :class:`TeacherTrajectory`."""
     t0 = time.perf_counter()
-    device = device_of(cfg)
-    run_dir = prepare_run_dir(cfg, resume, run_dir)
-    splits = splits if splits is not None else load_data(cfg.data, device)
-    teacher_splits = load_data(cfg.data, device, subset=False) if mode == "online" else splits
-    teachers = TeacherTrajectory(cfg, mode, teacher_splits, splits, run_dir, resume)
+    ctx = RunContext.open(cfg, resume, splits, run_dir)
+    teachers = TeacherSource(ctx).trajectory(mode)
     plan = make_plan(cfg, teachers.total_epochs)
-    seed_everything(cfg.train.seed, cfg.train.deterministic)
-    student = make_model(cfg.model, splits, device)
+    ctx.seed()
+    student = ctx.model()
     tau_max, reduction, alpha = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha
     state = {"teacher": None, "forwards": 0}
 
@@ -122,20 +147,18 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         stage = plan[progress.epoch]
         zs = student(batch.x)
         if stage.kind == "ce":
-            return {"ce": F.cross_entropy(zs.float(), batch.y)}, zs
+            return StepOutput({"ce": F.cross_entropy(upcast(zs), batch.y)}, zs)
         zt = state["teacher"](batch.x)
-        state["forwards"] += batch.y.shape[0]
+        state["forwards"] += batch.size
         if stage.kind == "prokd":
-            return {"prokd": squared_error(zs, zt / stage.temperature, reduction)}, zs
+            return StepOutput({"prokd": squared_error(zs, zt / stage.temperature, reduction)}, zs)
         if stage.kind == "anneal":
             phi = 1.0 - (stage.temperature - 1.0) / tau_max
-            return {"anneal": squared_error(zs, zt * phi, reduction)}, zs
-        return {"ce": (1 - alpha) * F.cross_entropy(zs.float(), batch.y),
-                "kd": alpha * kd_kl(zs, zt, stage.temperature)}, zs
+            return StepOutput({"anneal": squared_error(zs, zt * phi, reduction)}, zs)
+        return StepOutput({"ce": (1 - alpha) * F.cross_entropy(upcast(zs), batch.y),
+                           "kd": alpha * kd_kl(zs, zt, stage.temperature)}, zs)
 
-    meta = model_meta(cfg, splits, recipe)
-    trainer = Trainer(student, step, splits, cfg, run_dir, meta=meta, resume=resume,
-                      on_epoch_start=on_epoch_start, desc=cfg.name)
+    trainer = ctx.trainer(student, step, meta=ctx.meta(recipe), callbacks=[EpochHooks(start=on_epoch_start)])
     trainer.keep_checkpoint_at({i + 1 for i in range(len(plan) - 1) if plan[i].kind != plan[i + 1].kind})
     while not trainer.done:
         trainer.run_epoch()
@@ -146,10 +169,11 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
             "wall_time_s": time.perf_counter() - t0}
     result = trainer.finish(cost=cost, plan={"phase1_epochs": phase1, "phase2_epochs": cfg.train.epochs - phase1,
                                              "stages": [[s.kind, s.teacher_epoch, s.temperature] for s in plan]})
-    return RunResult(run_dir, result.summary, student, result.history)
+    return RunResult(ctx.run_dir, result.summary, student, result.history)
 
 
-@RECIPES.register("prokd", "Pro-KD: the student follows the teacher's trajectory with annealed T, then CE")
+@RECIPES.register("prokd", "Pro-KD: the student follows the teacher's trajectory with annealed T, then CE",
+                  options=ProKDOptions)
 def prokd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Pro-KD in ``prokd.mode`` online (teacher trained in the same run) or replay (recorded trajectory)."""
     return follow_teacher(cfg, resume, splits, run_dir, "prokd", prokd_plan, cfg.prokd.mode)
@@ -163,7 +187,7 @@ def annealing(cfg: RunConfig, resume: bool = False, splits: Splits | None = None
                           lambda c, e: prokd_plan(c, e, kind="anneal"), trajectory_mode(cfg))
 
 
-@RECIPES.register("rco", "RCO: Hinton KD from teacher checkpoints at equal intervals, in order")
+@RECIPES.register("rco", "RCO: Hinton KD from teacher checkpoints at equal intervals, in order", options=RCOOptions)
 def rco(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Route-constrained optimisation: ``rco.anchors`` teacher checkpoints, the last one the final teacher."""
     return follow_teacher(cfg, resume, splits, run_dir, "rco", rco_plan, trajectory_mode(cfg))

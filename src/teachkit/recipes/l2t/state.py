@@ -12,8 +12,8 @@ s_t = [progress, train loss (EMA), train accuracy (EMA), last dev loss, last dev
 
 Accuracies are fractions in [0, 1]. Before any observation the features sit at chance level (loss log C,
 accuracy 1/C). The state is an observation: no gradient flows through it (see
-``teachkit.engine.hypergrad``). Within one teacher episode only ``progress`` advances; the moving averages
-are updated from the episode's recorded steps after it.
+:mod:`teachkit.recipes.l2t.hypergrad`). Within one teacher episode only ``progress`` advances; the moving
+averages are updated from the episode's recorded steps after it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Dynamic loss functions of L2T-DLF (Wu et al., "Learning to Teach with Dynamic Loss Functions", NeurIPS 2018).
+"""The dynamic loss of L2T-DLF (Wu et al., "Learning to Teach with Dynamic Loss Functions", NeurIPS 2018).
 
-The student minimises the parametric loss (paper Sec. 3.2, METHODS.md sec. 5)
+The student minimises the parametric loss (paper Sec. 3.2)
 
     L_Phi(p, y) = -sigmoid(y^T W log p + b_y),        Phi = (W, b),  W in R^{C x C},  b in R^C,
 
@@ -9,9 +9,9 @@ sum_j W[y, j] log p_j`` reads row ``y`` of W and ``b_y`` is a per-class bias (``
 b = 0 it is ``-sigmoid(log p_y) = -p_y / (1 + p_y)``, a bounded, monotone function of p_y. The student's
 objective is optionally mixed with cross-entropy: ``ce_alpha * CE + (1 - ce_alpha) * L_Phi``.
 
-``Phi`` is produced by a teacher model from the student's state (``teachkit.recipes.l2t``); this loss is
-the student's objective driven by the teacher, so it is deliberately *not* a distillation loss in
-``teachkit.losses.LOSSES``.
+``Phi`` is produced by a teacher model (:mod:`teachkit.recipes.l2t.teachers`) from the student's state
+(:mod:`teachkit.recipes.l2t.state`); this loss is the student's objective driven by the teacher, so it
+lives with the L2T-DLF recipe and is deliberately *not* a distillation loss in ``teachkit.losses.LOSSES``.
 
 The teacher's dev-set objective is a smooth surrogate of the error rate (paper Sec. 3.3):
 
@@ -56,7 +56,7 @@ def l2t_loss_terms(logits: Tensor, y: Tensor, W: Tensor, b: Tensor, ce_alpha: fl
 
 
 def smooth_error(logits: Tensor, y: Tensor, k: float = 50.0) -> Tensor:
-    """Smooth dev error ``mean(2 sigmoid(k (max_j p_j - p_y)) - 1)`` (L2T-DLF Sec. 3.3, METHODS.md sec. 5).
+    """Smooth dev error ``mean(2 sigmoid(k (max_j p_j - p_y)) - 1)`` (Wu et al. 2018, Sec. 3.3).
 
     The max runs over *all* classes, the target included, exactly as in the formula: a correctly
     classified sample has ``max_j p_j = p_y`` and contributes exactly 0 (and no gradient), a

@@ -6,8 +6,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from teachkit.config import from_dict
-from teachkit.data.base import Batch
-from teachkit.engine.hypergrad import (
+from teachkit.errors import ConfigError
+from teachkit.models import build_model
+from teachkit.recipes.l2t.hypergrad import (
     FunctionalStudent,
     InnerOptimizer,
     MemoryMode,
@@ -17,10 +18,9 @@ from teachkit.engine.hypergrad import (
     teacher_params,
     unroll,
 )
-from teachkit.errors import ConfigError
-from teachkit.losses.dynamic import dev_cross_entropy, l2t_student_loss, smooth_error
-from teachkit.models import build_model
+from teachkit.recipes.l2t.loss import dev_cross_entropy, l2t_student_loss, smooth_error
 from teachkit.recipes.l2t.teachers import build_teacher
+from teachkit.types import Batch
 
 F64 = torch.float64
 C, D = 3, 5

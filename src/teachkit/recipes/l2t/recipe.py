@@ -1,24 +1,28 @@
-"""Learning to Teach with Dynamic Loss Functions (Wu et al., NeurIPS 2018; METHODS.md sec. 5).
+"""The L2T-DLF recipe: Learning to Teach with Dynamic Loss Functions (Wu et al., NeurIPS 2018).
 
 ``teachkit run l2t CONFIG``:
 
-1. **Teacher training** (paper Algorithm 1): ``l2t.teacher_steps`` episodes. A teacher-training student
-   (the configured model, seeded like the final one) follows the final student's schedule: same batch
-   stream, ``optim.lr`` x the schedule's factor at its step, ``optim.momentum`` and ``optim.weight_decay``.
-   It is warm-started by ``l2t.warm_start_steps`` CE steps. Each episode starts from where the previous one
-   ended (``episode_start: continue``, the seed's warm-started students) or from the warm start (``reset``),
-   runs ``l2t.inner_steps`` momentum-SGD steps under L_{Phi_t}, Phi_t = teacher(s_t), and computes the exact
-   gradient of the dev objective M(w_T) w.r.t. the teacher (``teachkit.engine.hypergrad``, memory mode
-   ``l2t.memory``); Adam (``teacher_lr``, ``teacher_betas``, ``teacher_eps``) updates the teacher. The dev
-   batch (``dev_batch_size``) is drawn from the validation split carved from the training data, never from
-   test. ``episode_gap`` plain steps under the current teacher may follow each episode (to cover more of
-   the schedule). When the student reaches the end of its schedule it restarts from the warm start.
-   Per-episode dev objective, dev accuracy and Phi statistics go to ``teacher_log.jsonl``; the teacher is
-   saved (atomic safetensors + JSON) to ``teacher.safetensors`` after every good episode.
-2. **Final student**: a fresh student (same seed) trained by the engine's ``fit`` for ``train.epochs``
-   epochs with the frozen teacher producing Phi_t from the running student state at every step (progress
-   from the engine, train EMAs from each batch, dev loss/accuracy from each epoch's validation record).
-   Per-epoch mean Phi statistics go to ``phi_log.jsonl``.
+1. **The teacher** comes from :meth:`~teachkit.recipes.teacher.TeacherSource.learned`: the file
+   ``teacher.checkpoint`` (a ``teacher.safetensors``, or the run folder of an earlier l2t run holding one;
+   the teacher-training options of ``l2t`` are then unused), else on ``--resume`` this run's finished
+   teacher, else it is trained now (paper Algorithm 1): ``l2t.teacher_steps`` episodes. A teacher-training
+   student (the configured model, seeded like the final one) follows the final student's schedule: same
+   batch stream, ``optim.lr`` x the schedule's factor at its step, ``optim.momentum`` and
+   ``optim.weight_decay``. It is warm-started by ``l2t.warm_start_steps`` CE steps. Each episode starts
+   from where the previous one ended (``episode_start: continue``, warm-started students as in the paper's
+   experiments) or from the warm start (``reset``), runs ``l2t.inner_steps`` momentum-SGD steps under
+   L_{Phi_t}, Phi_t = teacher(s_t), and computes the exact gradient of the dev objective M(w_T) w.r.t. the
+   teacher (:mod:`teachkit.recipes.l2t.hypergrad`, memory mode ``l2t.memory``); Adam (``teacher_lr``,
+   ``teacher_betas``, ``teacher_eps``) updates the teacher. The dev batch (``dev_batch_size``) is drawn from
+   the validation split carved from the training data, never from test. ``episode_gap`` plain steps under
+   the current teacher may follow each episode (to cover more of the schedule). When the student reaches
+   the end of its schedule it restarts from the warm start. Per-episode dev objective, dev accuracy and Phi
+   statistics go to ``teacher_log.jsonl``; the teacher is saved (atomic safetensors + JSON) to
+   ``teacher.safetensors`` after every good episode.
+2. **Final student**: a fresh student (same seed) trained by the engine's :class:`~teachkit.engine.Trainer`
+   for ``train.epochs`` epochs with the frozen teacher producing Phi_t from the running student state at
+   every step (progress from the engine, train EMAs from each batch, dev loss/accuracy from each epoch's
+   validation record). Per-epoch mean Phi statistics go to ``phi_log.jsonl``.
 
 Non-finite hypergradient: the episode stops with a one-line error naming the teacher step; the teacher is
 not updated and the last good one stays on disk. ``--resume``: a finished teacher is reused and the final
@@ -30,17 +34,23 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from teachkit.config import RunConfig
-from teachkit.data import BatchLoader, make_augment
-from teachkit.data.base import Batch, Splits
-from teachkit.engine.hypergrad import (
+from teachkit.data import BatchLoader, Splits
+from teachkit.engine import EpochHooks, FitResult, Trainer
+from teachkit.engine.schedule import lr_factor
+from teachkit.errors import ConfigError
+from teachkit.options import Options, option
+from teachkit.recipes.common import RunResult
+from teachkit.recipes.context import RunContext
+from teachkit.recipes.l2t.hypergrad import (
     FunctionalStudent,
     InnerOptimizer,
     InnerState,
@@ -52,23 +62,57 @@ from teachkit.engine.hypergrad import (
     teacher_params,
     unroll,
 )
-from teachkit.engine.schedule import lr_factor
-from teachkit.engine.trainer import FitResult, fit
-from teachkit.errors import ConfigError
-from teachkit.losses.base import Progress
-from teachkit.losses.dynamic import dev_cross_entropy, l2t_loss_terms, l2t_student_loss, phi_stats, smooth_error
-from teachkit.recipes.common import (
-    RunResult,
-    device_of,
-    load_data,
-    make_model,
-    model_meta,
-    prepare_run_dir,
-    seed_everything,
-)
+from teachkit.recipes.l2t.loss import dev_cross_entropy, l2t_loss_terms, l2t_student_loss, phi_stats, smooth_error
 from teachkit.recipes.l2t.state import StudentStateTracker
 from teachkit.recipes.l2t.teachers import LossTeacher, build_teacher, load_teacher, save_teacher
 from teachkit.recipes.registry import RECIPES
+from teachkit.recipes.teacher import TeacherSource
+from teachkit.types import Batch, BatchSource, Progress, StepOutput
+
+
+@dataclass
+class L2TOptions(Options):
+    """Learning to Teach with Dynamic Loss Functions (Wu et al. 2018): the ``l2t`` section.
+
+    The student minimises L_Phi(p, y) = -sigmoid(y^T W log p + b) (Sec. 3.2; optionally mixed with CE by
+    ``ce_alpha``); a teacher model (``teacher_model``: ``static`` or ``gated``; the paper's ``attention``
+    teacher is not implemented) maps the student's state to Phi_t and is trained with Adam (``teacher_lr``,
+    ``teacher_betas``, ``teacher_eps``) on a dev-set ``objective`` (smooth error with ``smooth_k``, or dev CE;
+    Sec. 3.3) by reverse-mode differentiation through ``inner_steps`` momentum-SGD steps (``optim.lr``,
+    ``optim.momentum``, ``optim.weight_decay``). ``memory``: ``full``, ``checkpoint`` or ``truncate:K``.
+    """
+
+    teacher_model: Literal["static", "gated", "attention"] = "gated"
+    teacher_steps: int = option(60, ge=1)
+    inner_steps: int = option(20, ge=1)
+    memory: str = "full"
+    objective: Literal["smooth_error", "dev_ce"] = "smooth_error"
+    smooth_k: float = option(50.0, gt=0.0)
+    ce_alpha: float = option(0.0, ge=0.0, le=1.0)
+    teacher_lr: float = option(1e-4, gt=0.0)
+    teacher_betas: list[float] = option(factory=lambda: [0.9, 0.999])
+    teacher_eps: float = option(1e-8, gt=0.0)
+    warm_start_steps: int = option(0, ge=0)
+    dev_batch_size: int = option(500, ge=1)
+    #: each episode ``continue``s the teacher-training student where the last one ended, or ``reset``s it to
+    #: the warm start; ``episode_gap`` plain steps under the current teacher separate episodes
+    episode_start: Literal["continue", "reset"] = "continue"
+    episode_gap: int = option(0, ge=0)
+    #: gated teacher: hidden width and number of gates of h(s_t)
+    gate_hidden: int = option(16, ge=1)
+    gate_rank: int = option(4, ge=1)
+
+    def validate(self) -> None:
+        parse_memory(self.memory, self.key("memory"))
+        betas = self.teacher_betas
+        if len(betas) != 2 or not all(0.0 <= x < 1.0 for x in betas):
+            raise ConfigError(f"{self.key('teacher_betas')}={betas!r} must be two numbers in [0, 1)")
+
+    @property
+    def memory_mode(self) -> MemoryMode:
+        """``memory`` parsed (``full``, ``checkpoint`` or ``truncate:K``)."""
+        return parse_memory(self.memory, self.key("memory"))
+
 
 TEACHER_FILE = "teacher.safetensors"
 TEACHER_LOG = "teacher_log.jsonl"
@@ -76,10 +120,11 @@ PHI_LOG = "phi_log.jsonl"
 
 
 def check_config(cfg: RunConfig, splits: Splits | None = None) -> MemoryMode:
-    """One-line ConfigErrors for settings the differentiated unroll cannot reproduce; the memory mode."""
+    """One-line ConfigErrors for settings the differentiated unroll cannot reproduce (those of other sections
+    and the unimplemented teacher; the ``l2t`` section checks its own values when the config loads); the
+    memory mode."""
     l2t, oc = cfg.l2t, cfg.optim
-    mode = parse_memory(l2t.memory)
-    build_teacher(l2t.teacher_model, 2, StudentStateTracker.dim)  # attention / unknown kinds fail here
+    build_teacher(l2t.teacher_model, 2, StudentStateTracker.dim)  # attention fails here
     if oc.name != "sgd":
         raise ConfigError(f"l2t: optim.name={oc.name!r} is not supported; the teacher gradient differentiates "
                           f"momentum SGD (optim.name=sgd)")
@@ -87,12 +132,10 @@ def check_config(cfg: RunConfig, splits: Splits | None = None) -> MemoryMode:
         raise ConfigError("l2t: optim.nesterov=true is not supported; the unroll is heavy-ball momentum SGD")
     if oc.grad_clip:
         raise ConfigError("l2t: optim.grad_clip is not supported; the unroll would not match the student's updates")
-    if len(l2t.teacher_betas) != 2 or not all(0.0 <= x < 1.0 for x in l2t.teacher_betas):
-        raise ConfigError(f"l2t.teacher_betas={l2t.teacher_betas!r} must be two numbers in [0, 1)")
     if splits is not None and len(splits.val) == 0:
         raise ConfigError("l2t: the teacher objective needs a validation split, but it is empty "
                           "(data.val_fraction carves it from the training data)")
-    return mode
+    return l2t.memory_mode
 
 
 def objective_fn(cfg: RunConfig) -> Objective:
@@ -118,7 +161,7 @@ def inner_optimizer(cfg: RunConfig, steps_per_epoch: int) -> InnerOptimizer:
 class BatchStream:
     """The training batches in the order the engine's loader yields them, epoch after epoch."""
 
-    def __init__(self, loader: BatchLoader) -> None:
+    def __init__(self, loader: BatchSource) -> None:
         self.loader, self.epoch = loader, 0
         self._it = loader.batches(0)
 
@@ -139,18 +182,19 @@ def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def train_teacher(cfg: RunConfig, splits: Splits, run_dir: Path, device: torch.device) -> tuple[LossTeacher, dict]:
-    """Phase 1: ``l2t.teacher_steps`` episodes of hypergradient descent on the teacher (module docstring)."""
+def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
+    """``l2t.teacher_steps`` episodes of hypergradient descent on the teacher (module docstring), written to
+    ``ctx.run_dir``; returns (teacher, info)."""
+    cfg, splits, run_dir, device = ctx.cfg, ctx.splits, ctx.run_dir, ctx.device
     l2t, tc = cfg.l2t, cfg.train
     mode = check_config(cfg, splits)
     C = splits.num_classes
-    seed_everything(tc.seed, tc.deterministic)
-    student = FunctionalStudent(make_model(cfg.model, splits, device))
+    ctx.seed()
+    student = FunctionalStudent(ctx.model())
     teacher = build_teacher(l2t.teacher_model, C, StudentStateTracker.dim, l2t.gate_hidden, l2t.gate_rank).to(device)
     theta = teacher_params(teacher)
     adam = torch.optim.Adam(theta, lr=l2t.teacher_lr, betas=tuple(l2t.teacher_betas), eps=l2t.teacher_eps)
-    loader = BatchLoader(splits.train, cfg.data.batch_size, shuffle=True, seed=tc.seed,
-                         augment=make_augment(cfg.data.augment, splits))
+    loader = ctx.batches()  # the final student's batches, in the same order
     spe = len(loader)
     total = tc.epochs * spe
     opt = inner_optimizer(cfg, spe)
@@ -236,22 +280,34 @@ def train_teacher(cfg: RunConfig, splits: Splits, run_dir: Path, device: torch.d
     return teacher, info
 
 
-def train_student(cfg: RunConfig, splits: Splits, teacher: LossTeacher, run_dir: Path, resume: bool = False,
-                  meta: dict[str, Any] | None = None) -> tuple[FitResult, nn.Module]:
-    """Phase 2: a fresh student trained by ``fit`` on ``ce_alpha CE + (1 - ce_alpha) L_{Phi_t}`` with
-    Phi_t = teacher(s_t) from the running state; returns (FitResult, student)."""
-    tc = cfg.train
-    device = splits.train.x.device
-    seed_everything(tc.seed, tc.deterministic)
-    student = make_model(cfg.model, splits, device)
+def finished_teacher(path: Path, device: torch.device, num_classes: int) -> tuple[LossTeacher, dict] | None:
+    """The teacher saved in ``path`` and its info when all its teacher steps were done, else None; a
+    ConfigError when it was trained for another number of classes."""
+    teacher, state = load_teacher(path, device)
+    if state.get("teacher_steps_done") is None or state.get("teacher_steps_done") != state.get("teacher_steps"):
+        return None
+    if teacher.num_classes != num_classes:
+        raise ConfigError(f"l2t: teacher {str(path)!r} was trained for {teacher.num_classes} classes but the "
+                          f"student has {num_classes}")
+    return teacher, {k: v for k, v in state.items() if k != "teacher"}
+
+
+def student_trainer(ctx: RunContext, teacher: LossTeacher,
+                    meta: dict[str, Any] | None = None) -> tuple[Trainer, nn.Module]:
+    """The engine's Trainer of a fresh student on ``ce_alpha CE + (1 - ce_alpha) L_{Phi_t}`` with
+    Phi_t = teacher(s_t) from the running state, in ``ctx.run_dir`` (resumed from its last checkpoint on
+    ``--resume``); returns (trainer, student)."""
+    cfg, run_dir, device = ctx.cfg, ctx.run_dir, ctx.device
+    ctx.seed()
+    student = ctx.model()
     teacher = teacher.to(device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    tracker = StudentStateTracker(splits.num_classes)
+    tracker = StudentStateTracker(ctx.splits.num_classes)
     phi_path = run_dir / PHI_LOG
     last = run_dir / "checkpoints" / "last.safetensors"
-    resume = resume and last.is_file()
-    if resume and (run_dir / "metrics.jsonl").is_file():
+    resume = ctx.resume and last.is_file()
+    if resume and (run_dir / "metrics.jsonl").is_file():  # read before the trainer truncates it to `last`
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
         if lines:
             tracker.observe_dev(lines[-1]["val"]["loss"], lines[-1]["val"]["acc"] / 100)
@@ -261,7 +317,7 @@ def train_student(cfg: RunConfig, splits: Splits, teacher: LossTeacher, run_dir:
     alpha = cfg.l2t.ce_alpha
     acc: dict[str, Any] = {"W": 0.0, "b": 0.0, "n": 0}
 
-    def step(batch: Batch, progress: Progress) -> tuple[dict[str, Tensor], Tensor]:
+    def step(batch: Batch, progress: Progress) -> StepOutput:
         s = tracker.features(progress.fraction, device)
         with torch.no_grad():
             W, b = teacher(s)
@@ -273,7 +329,7 @@ def train_student(cfg: RunConfig, splits: Splits, teacher: LossTeacher, run_dir:
             acc["W"] = acc["W"] + W
             acc["b"] = acc["b"] + b
             acc["n"] += 1
-        return terms, logits
+        return StepOutput(terms, logits)
 
     def on_epoch_end(record: dict[str, Any]) -> None:
         tracker.observe_dev(record["val"]["loss"], record["val"]["acc"] / 100)
@@ -282,32 +338,48 @@ def train_student(cfg: RunConfig, splits: Splits, teacher: LossTeacher, run_dir:
                                      "state": tracker.state_dict()})
         acc.update(W=0.0, b=0.0, n=0)
 
-    result = fit(student, step, splits, cfg, run_dir, meta=meta, resume=resume, on_epoch_end=on_epoch_end,
-                 desc=cfg.name)
-    return result, student
+    trainer = ctx.trainer(student, step, meta=dict(meta or {}), callbacks=[EpochHooks(end=on_epoch_end)])
+    return trainer, student
+
+
+def train_student(ctx: RunContext, teacher: LossTeacher,
+                  meta: dict[str, Any] | None = None) -> tuple[FitResult, nn.Module]:
+    """Train the student of :func:`student_trainer` for ``train.epochs``; returns (FitResult, student)."""
+    trainer, student = student_trainer(ctx, teacher, meta)
+    while not trainer.done:
+        trainer.run_epoch()
+    return trainer.finish(), student
 
 
 @RECIPES.register("l2t", "L2T-DLF: teacher model of a dynamic loss trained by reverse-mode hypergradients "
-                         "(Wu et al. 2018), then a fresh student under it")
+                         "(Wu et al. 2018), then a fresh student under it", options=L2TOptions)
 def l2t_dlf(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
             run_dir: Path | None = None) -> RunResult:
-    """Train the L2T-DLF teacher (phase 1), then a fresh student with the frozen teacher (phase 2)."""
-    device = device_of(cfg)
-    check_config(cfg)
-    run_dir = prepare_run_dir(cfg, resume, run_dir)
-    splits = splits if splits is not None else load_data(cfg.data, device)
-    check_config(cfg, splits)
-    teacher_path = run_dir / TEACHER_FILE
-    teacher: LossTeacher | None = None
-    info: dict[str, Any] = {}
-    if resume and teacher_path.is_file():
-        loaded, state = load_teacher(teacher_path, device)
-        if state.get("teacher_steps_done") == cfg.l2t.teacher_steps:
-            teacher, info = loaded, {k: v for k, v in state.items() if k != "teacher"}
-    if teacher is None:
-        teacher, info = train_teacher(cfg, splits, run_dir, device)
-    meta = model_meta(cfg, splits, "l2t-dlf")
-    meta["l2t"] = {**info, "teacher_model": cfg.l2t.teacher_model, "teacher_file": TEACHER_FILE,
+    """Obtain the L2T-DLF teacher (given, reused or trained: module docstring), then train a fresh student
+    with the frozen teacher."""
+    t0 = time.perf_counter()
+    check_config(cfg)  # before the run folder exists
+    ctx = RunContext.open(cfg, resume, splits, run_dir)
+    check_config(cfg, ctx.splits)
+    teachers = TeacherSource(ctx)
+    origin: dict[str, Any] = {"file": TEACHER_FILE, "steps_trained": 0}
+
+    def load(path: Path) -> tuple[LossTeacher, dict] | None:
+        if teachers.given:
+            origin["file"] = str(path)
+        return finished_teacher(path, ctx.device, ctx.splits.num_classes)
+
+    def train() -> tuple[LossTeacher, dict]:
+        origin["steps_trained"] = cfg.l2t.teacher_steps
+        return train_teacher(ctx)
+
+    teacher, info = teachers.learned(TEACHER_FILE, load, train)
+    meta = ctx.meta("l2t-dlf")
+    meta["l2t"] = {**info, "teacher_model": teacher.kind, "teacher_file": origin["file"],
                    "ce_alpha": cfg.l2t.ce_alpha}
-    result, student = train_student(cfg, splits, teacher, run_dir, resume, meta)
-    return RunResult(run_dir, result.summary, student, result.history)
+    trainer, student = student_trainer(ctx, teacher, meta)
+    while not trainer.done:
+        trainer.run_epoch()
+    result = trainer.finish(cost={"teacher_steps_trained": origin["steps_trained"],
+                                  "student_epochs": cfg.train.epochs, "wall_time_s": time.perf_counter() - t0})
+    return RunResult(ctx.run_dir, result.summary, student, result.history)

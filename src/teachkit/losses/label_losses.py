@@ -14,13 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from teachkit.registry import Registry
+from teachkit.types import upcast
 
 Objective = Callable[..., Tensor]
 OBJECTIVES: Registry[Objective] = Registry("loss")
 
 
-def _targets(y: Tensor, num_classes: int, label_smoothing: float) -> Tensor:
-    onehot = F.one_hot(y, num_classes).to(torch.float32)
+def _targets(y: Tensor, num_classes: int, label_smoothing: float, dtype: torch.dtype = torch.float32) -> Tensor:
+    onehot = F.one_hot(y, num_classes).to(dtype)
     if label_smoothing > 0:
         onehot = onehot * (1 - label_smoothing) + label_smoothing / num_classes
     return onehot
@@ -29,7 +30,7 @@ def _targets(y: Tensor, num_classes: int, label_smoothing: float) -> Tensor:
 @OBJECTIVES.register("ce", "cross-entropy on labels (optionally label-smoothed)")
 def cross_entropy(logits: Tensor, y: Tensor, label_smoothing: float = 0.0) -> Tensor:
     """Mean over the batch of -log softmax(z)_y."""
-    return F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+    return F.cross_entropy(upcast(logits), y, label_smoothing=label_smoothing)
 
 
 @OBJECTIVES.register("mse", "ECCV 2024 MSE teacher: sum_c (onehot - softmax)^2, mean over batch")
@@ -38,11 +39,12 @@ def softmax_mse(logits: Tensor, y: Tensor, label_smoothing: float = 0.0) -> Tens
 
     Note ``F.mse_loss`` would also average over the C classes (C times smaller gradients).
     """
-    p = logits.float().softmax(dim=1)
-    return (p - _targets(y, logits.shape[1], label_smoothing)).pow(2).sum(dim=1).mean()
+    p = upcast(logits).softmax(dim=1)
+    return (p - _targets(y, logits.shape[1], label_smoothing, p.dtype)).pow(2).sum(dim=1).mean()
 
 
 @OBJECTIVES.register("mse-logits", "ablation: sum_c (onehot - logits)^2 on raw logits, mean over batch")
 def logit_mse(logits: Tensor, y: Tensor, label_smoothing: float = 0.0) -> Tensor:
     """Squared error of raw logits against the one-hot vector (summed over classes, batch mean)."""
-    return (logits.float() - _targets(y, logits.shape[1], label_smoothing)).pow(2).sum(dim=1).mean()
+    z = upcast(logits)
+    return (z - _targets(y, logits.shape[1], label_smoothing, z.dtype)).pow(2).sum(dim=1).mean()

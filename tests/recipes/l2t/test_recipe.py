@@ -7,20 +7,23 @@ from pathlib import Path
 import pytest
 import torch
 
-import teachkit.recipes.l2t_dlf as l2t
+import teachkit.recipes.context as context
+import teachkit.recipes.l2t.recipe as l2t
 from teachkit.cli import main
 from teachkit.engine.checkpoint import sha256_file
-from teachkit.engine.hypergrad import NonFiniteHypergradientError
-from teachkit.errors import ConfigError
+from teachkit.errors import CheckpointError, ConfigError
 from teachkit.recipes import RECIPES
 from teachkit.recipes.common import load_data
-from teachkit.recipes.l2t import load_teacher
+from teachkit.recipes.l2t import NonFiniteHypergradientError, load_teacher
 
 L2T = {"teacher_steps": 2, "inner_steps": 3, "warm_start_steps": 2, "dev_batch_size": 16, "teacher_lr": 0.01}
 
 
-def cfg_of(tiny, **l2t_options):
-    return tiny(name="l2t", train={"epochs": 1, "progress": False}, l2t={**L2T, **l2t_options})
+def cfg_of(tiny, name="l2t", sections=None, **l2t_options):
+    """The tiny l2t config; ``sections`` merges into other sections (``{"optim": {"name": "adamw"}}``)."""
+    sections = dict(sections or {})
+    l2t_options = {**sections.pop("l2t", {}), **l2t_options}
+    return tiny(name=name, train={"epochs": 1, "progress": False}, l2t={**L2T, **l2t_options}, **sections)
 
 
 def test_recipe_end_to_end_writes_teacher_log_teacher_and_summary(tiny):
@@ -77,21 +80,56 @@ def test_non_finite_hypergradient_keeps_the_last_good_teacher(tiny, monkeypatch)
     _, state = load_teacher(run_dir / "teacher.safetensors")
     assert state["teacher_steps_done"] == 1
     assert len((run_dir / "teacher_log.jsonl").read_text().splitlines()) == 1
+    with pytest.raises(CheckpointError, match="holds an unfinished teacher"):  # not usable by another run
+        l2t.l2t_dlf(cfg_of(tiny, name="l2t-next", sections={"teacher": {"checkpoint": str(run_dir)}}))
+
+
+def test_teacher_checkpoint_drives_a_new_student_without_a_teacher_phase(tiny, monkeypatch):
+    first = l2t.l2t_dlf(cfg_of(tiny, teacher_model="static"))
+    real, loaded = l2t.load_teacher, []
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        loaded.append(out[0])
+        return out
+
+    def no_teacher_phase(*args, **kwargs):
+        raise AssertionError("the teacher phase ran although teacher.checkpoint names a finished teacher")
+
+    monkeypatch.setattr(l2t, "load_teacher", spy)
+    monkeypatch.setattr(l2t, "train_teacher", no_teacher_phase)
+    second = l2t.l2t_dlf(cfg_of(tiny, name="l2t-student", teacher_model="static",
+                                sections={"teacher": {"checkpoint": str(first.run_dir)}}))
+    d = second.run_dir
+    assert d != first.run_dir
+    assert not (d / "teacher_log.jsonl").exists() and not (d / "teacher.safetensors").exists()
+    want, _ = load_teacher(first.run_dir / "teacher.safetensors")
+    assert len(loaded) == 1 and type(loaded[0]) is type(want)
+    for (name, a), (_, b) in zip(loaded[0].state_dict().items(), want.state_dict().items(), strict=True):
+        assert torch.equal(a.cpu(), b), name
+    assert second.summary["l2t"]["teacher_file"] == str(first.run_dir / "teacher.safetensors")
+    assert second.summary["l2t"]["teacher_steps_done"] == 2 and second.summary["cost"]["teacher_steps_trained"] == 0
+    assert first.summary["cost"]["teacher_steps_trained"] == 2
+    # the same teacher and seed drive the same student
+    assert (d / "phi_log.jsonl").read_text() == (first.run_dir / "phi_log.jsonl").read_text()
+    assert second.summary["test_acc"] == first.summary["test_acc"]
+    data = {"options": {"shape": [1, 8, 8], "num_classes": 3, "n_train": 240, "n_test": 80}}
+    with pytest.raises(ConfigError, match="was trained for 4 classes but the student has 3"):
+        l2t.l2t_dlf(cfg_of(tiny, name="l2t-3", sections={"data": data, "teacher": {"checkpoint": str(first.run_dir)}}))
 
 
 @pytest.mark.parametrize("changes, match", [
     ({"l2t": {"teacher_model": "attention"}}, "l2t.teacher_model='attention' is not implemented"),
     ({"l2t": {"memory": "truncate:0"}}, r"l2t.memory='truncate:0' is not allowed"),
     ({"l2t": {"memory": "sqrt"}}, r"choose full, checkpoint or truncate:K"),
+    ({"l2t": {"teacher_betas": [0.9, 1.0]}}, r"l2t.teacher_betas=\[0.9, 1.0\] must be two numbers in \[0, 1\)"),
     ({"optim": {"name": "adamw"}}, "optim.name='adamw' is not supported"),
     ({"optim": {"nesterov": True}}, "nesterov=true is not supported"),
 ])
 def test_bad_config_is_one_line_error(tiny, changes, match):
-    cfg = cfg_of(tiny)
-    for section, values in changes.items():
-        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)})
+    # l2t.memory fails when the config loads (the l2t section validates itself), the rest when the recipe starts
     with pytest.raises(ConfigError, match=match):
-        l2t.l2t_dlf(cfg)
+        l2t.l2t_dlf(cfg_of(tiny, sections=changes))
 
 
 def test_empty_validation_split_and_frozen_student(tiny, monkeypatch):
@@ -100,12 +138,12 @@ def test_empty_validation_split_and_frozen_student(tiny, monkeypatch):
     empty = dataclasses.replace(splits, val=splits.val.subset(torch.arange(0)))
     with pytest.raises(ConfigError, match="teacher objective needs a validation split, but it is empty"):
         l2t.l2t_dlf(cfg, splits=empty)
-    real = l2t.make_model
+    real = context.make_model
 
     def frozen(*args, **kwargs):
         return real(*args, **kwargs).requires_grad_(False)
 
-    monkeypatch.setattr(l2t, "make_model", frozen)
+    monkeypatch.setattr(context, "make_model", frozen)
     with pytest.raises(ConfigError, match="has no differentiable parameters"):
         l2t.l2t_dlf(cfg_of(tiny), run_dir=cfg.out_dir + "/frozen")
 

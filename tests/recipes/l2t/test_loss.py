@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from teachkit.losses.dynamic import (
+from teachkit.recipes.l2t.loss import (
     dev_cross_entropy,
     dynamic_loss,
     l2t_loss_terms,

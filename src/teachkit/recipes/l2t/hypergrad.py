@@ -1,7 +1,8 @@
 """Reverse-mode teacher gradients through a functional momentum-SGD unroll of the student (L2T-DLF).
 
-Wu et al., "Learning to Teach with Dynamic Loss Functions" (NeurIPS 2018), Sec. 3.3 and the seed's
-supplement (Eq. 4-5), extended to heavy-ball momentum as in METHODS.md sec. 5.
+Part of the L2T-DLF recipe (:mod:`teachkit.recipes.l2t`): Wu et al., "Learning to Teach with Dynamic Loss
+Functions" (NeurIPS 2018), Sec. 3.3 (the teacher trained by reverse-mode differentiation through the
+student's plain-SGD updates), extended here to heavy-ball momentum and weight decay.
 
 The student trains T inner steps under the teacher's loss parameters Phi_t = mu_theta(s_t):
 
@@ -20,8 +21,9 @@ theta follows from the adjoint recursion (w_hat = dM/dw_t, v_hat = dM/dv_t):
         v_hat    = mu v_tilde
     dtheta = sum_t (dPhi_t/dtheta)^T dPhi_t                 (one VJP through the teacher for all t)
 
-With mu = 0 this is the seed's Eq. 4-5. Every product is a Hessian-vector / vector-Jacobian product from
-``torch.autograd.grad``; ``create_graph`` is used only for the inner gradient g_t whose products are taken.
+With mu = 0 and lambda = 0 this is the paper's plain-SGD reverse pass. Every product is a Hessian-vector /
+vector-Jacobian product from ``torch.autograd.grad``; ``create_graph`` is used only for the inner gradient
+g_t whose products are taken.
 
 The student is handled functionally (``torch.func.functional_call``): its parameters w and buffers (e.g.
 BatchNorm running statistics) are threaded explicitly, so any zoo model works. The initial state
@@ -59,8 +61,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from teachkit.data.base import Batch
 from teachkit.errors import ConfigError, TeachkitError
+from teachkit.types import Batch
 
 #: ``inner_loss(logits, y, *phi_t) -> scalar``: the student's loss under the teacher's parameters.
 InnerLoss = Callable[..., Tensor]
@@ -163,16 +165,6 @@ class FunctionalStudent:
         params = [named[n].detach().clone() for n in self.names]
         buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
         return InnerState(params, [torch.zeros_like(p) for p in params], buffers, step)
-
-    def load_into(self, state: InnerState) -> None:
-        """Copy ``state``'s weights and buffers into the module (for evaluation or saving)."""
-        named = dict(self.model.named_parameters())
-        bufs = dict(self.model.named_buffers())
-        with torch.no_grad():
-            for n, p in zip(self.names, state.params, strict=True):
-                named[n].copy_(p)
-            for n, b in state.buffers.items():
-                bufs[n].copy_(b)
 
     def set_mode(self, mode: Literal["train", "dev"]) -> None:
         """``train``: module train mode. ``dev``: eval mode (dropout off) but BatchNorm on batch statistics."""

@@ -1,0 +1,45 @@
+"""The ``data`` section of a run: which dataset, how it is split, batched and augmented."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from teachkit.data.raw import DATASETS
+from teachkit.errors import ConfigError
+from teachkit.options import Options, option
+
+
+@dataclass
+class DataConfig(Options):
+    """Which dataset (``name``, files under ``root``, source ``options``), how it is split (``val_fraction``
+    of the training data, seeded by ``split_seed``; the student's transfer set: ``train_subset``,
+    ``omit_classes``, ``few_shot``), batched and augmented."""
+
+    name: str = "digits"
+    root: str | None = None
+    val_fraction: float = option(0.1, gt=0.0, lt=1.0)
+    split_seed: int = 0
+    train_subset: int | None = None
+    omit_classes: list[int] = option(factory=list)
+    few_shot: int = option(0, ge=0)
+    augment: Literal["auto", "none", "crop", "flip", "crop_flip"] = "auto"
+    batch_size: int = option(128, ge=1)
+    eval_batch_size: int = option(1000, ge=1)
+    options: dict[str, Any] = option(factory=dict)
+
+    def validate(self) -> None:
+        DATASETS.entry(self.name)  # unknown names: one line with did-you-mean
+        if self.few_shot and not self.omit_classes:
+            raise ConfigError(f"{self.key('few_shot')}={self.few_shot} needs {self.key('omit_classes')} (the classes "
+                              f"to keep {self.few_shot} of)")
+
+    def full(self) -> DataConfig:
+        """The same data without the student's transfer-set options: what a teacher trains on."""
+        return dataclasses.replace(self, train_subset=None, omit_classes=[], few_shot=0)
+
+    @property
+    def reduced(self) -> bool:
+        """True when the student's transfer set is smaller than the training split (subset or omitted classes)."""
+        return self.train_subset is not None or bool(self.omit_classes)

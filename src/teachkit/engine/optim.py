@@ -1,0 +1,37 @@
+"""The optimiser and learning-rate schedule options, and the optimiser they build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from teachkit.options import Options, option
+
+
+@dataclass
+class OptimConfig(Options):
+    """Optimiser and learning-rate schedule (per-step warm-up, then step/multistep/cosine/constant)."""
+
+    name: Literal["sgd", "adamw"] = "sgd"
+    lr: float = option(0.1, gt=0.0)
+    momentum: float = option(0.9, ge=0.0, lt=1.0)
+    nesterov: bool = False
+    weight_decay: float = option(5e-4, ge=0.0)
+    betas: list[float] = option(factory=lambda: [0.9, 0.999])
+    schedule: Literal["constant", "step", "multistep", "cosine"] = "cosine"
+    milestones: list[int] = option(factory=list)
+    step_size: int = option(30, ge=1)
+    gamma: float = option(0.1, gt=0.0, le=1.0)
+    warmup_epochs: float = option(0.0, ge=0.0)
+    grad_clip: float | None = option(None, gt=0.0)
+
+
+def build_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """SGD (momentum, optional Nesterov) or AdamW over ``params`` with ``cfg``'s base learning rate."""
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
+                               weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
