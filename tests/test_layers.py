@@ -1,7 +1,8 @@
 """The package's layers never import upwards: parsed from every import statement of every module (including
 imports inside functions), not from what happens to be loaded at run time.
 
-    errors < registry < options, types < data < models < losses < engine < config < recipes < experiments < cli
+    errors < registry < options, types < data < models < losses < engine < tasks < config < recipes
+    < experiments < cli
 
 (the package root ``teachkit/__init__.py`` sits above everything: importing ``teachkit`` registers it all).
 """
@@ -25,11 +26,12 @@ LAYERS = [
     ("teachkit.models", 4),
     ("teachkit.losses", 5),
     ("teachkit.engine", 6),
-    ("teachkit.config", 7),
-    ("teachkit.recipes", 8),
-    ("teachkit.experiments", 9),
-    ("teachkit.cli", 10),
-    ("teachkit", 11),  # the package root
+    ("teachkit.tasks", 7),
+    ("teachkit.config", 8),
+    ("teachkit.recipes", 9),
+    ("teachkit.experiments", 10),
+    ("teachkit.cli", 11),
+    ("teachkit", 12),  # the package root
 ]
 
 

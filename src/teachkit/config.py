@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+import teachkit.tasks  # noqa: F401  (task datasets and evaluators register before any config is validated)
 from teachkit.data import DataConfig
 from teachkit.engine import LoopConfig, OptimConfig
 from teachkit.errors import ConfigError

@@ -8,7 +8,9 @@ edits ``config.py``. ``teachkit list`` prints every registry with one-line descr
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -21,6 +23,15 @@ def closest(name: str, options: list[str]) -> str:
     """A ' (did you mean X?)' hint for ``name`` among ``options``, or ''."""
     match = difflib.get_close_matches(str(name), options, n=1, cutoff=0.5)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def import_all(package: str, path: Iterable[str]) -> None:
+    """Import every module and sub-package of ``package`` (``path`` is its ``__path__``), in name order, so
+    that each registers what it defines: adding a model, dataset, loss, recipe or task is one new file,
+    with no import line to add anywhere. Modules whose name starts with ``_`` are skipped."""
+    for info in sorted(pkgutil.iter_modules(list(path)), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package}.{info.name}")
 
 
 @dataclass(frozen=True)

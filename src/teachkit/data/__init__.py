@@ -10,6 +10,9 @@ from teachkit.data.config import DataConfig
 from teachkit.data.loader import BatchLoader
 from teachkit.data.raw import DATASETS, RawDataset, load_raw
 from teachkit.data.splits import load_splits, splits_for
+from teachkit.registry import import_all
+
+import_all(__name__, __path__)  # every data source registers itself
 
 __all__ = ["AUGMENT_KINDS", "DATASETS", "Augment", "Batch", "BatchLoader", "DataConfig", "RawDataset", "Splits",
            "TensorSplit", "load_raw", "load_splits", "make_augment", "splits_for"]

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from teachkit.data import cifar, mnist, sources  # noqa: F401  (register the sources)
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.config import DataConfig
 from teachkit.data.raw import load_raw

@@ -9,21 +9,12 @@ Registered models (``teachkit list``): ``mlp``, ``lenet``, ``cnn1d``, ``resnet8/
 
 from __future__ import annotations
 
-from teachkit.models import (  # noqa: F401  (fill the registry)
-    cnn1d,
-    densenet,
-    lenet,
-    mlp,
-    mobilenetv2,
-    resnet,
-    resnet_imagenet,
-    shufflenet,
-    vgg,
-    wrn,
-)
 from teachkit.models.frozen import FrozenTeacher
 from teachkit.models.taps import Tapped, Taps, TapSpec, unwrap
 from teachkit.models.zoo import MODELS, ModelConfig, build_model, count_parameters, make_model
+from teachkit.registry import import_all
+
+import_all(__name__, __path__)  # every model family registers itself
 
 __all__ = ["MODELS", "FrozenTeacher", "ModelConfig", "TapSpec", "Tapped", "Taps", "build_model", "count_parameters",
            "make_model", "unwrap"]
