@@ -59,6 +59,18 @@ def test_user_error_has_no_traceback(tmp_path):
     (["kd.alpha=2"], "kd.alpha=2.0 is out of range"),
     (["model.name=resnet20", "model.options={}", "data.options.shape=[1, 40]"], "model 'resnet20' needs input"),
     (["model.name=resnet20"], "model 'resnet20' has no option 'hidden'"),
+    (["kd.method=crd", "kd.options.crd.nce_k=0"], "kd.options.crd.nce_k=0 is out of range: must be >= 1"),
+    (["kd.method=crd", "kd.options.crd.feat_dimm=4"], "unknown config key 'kd.options.crd.feat_dimm' (did you mean"),
+    (["kd.options.crd.nce_k=4"], "kd.options.crd names a method that is not in kd.method=['kd']"),
+    (["kd.method=[kd, kd]"], "kd.method=['kd', 'kd'] names a method twice"),
+    (["kd.gamma.kd=-1"], "kd.gamma.kd=-1 is not allowed: must be a finite number >= 0"),
+    (["train.select_metric=f1"], "train.select_metric='f1' is not a metric of this task; choose one of: acc, loss"),
+    (["train.select_mode=best"], "train.select_mode='best' is not allowed; choose one of: auto, max, min"),
+    (["model.taps.extra.block=3"], "model.taps.extra.block must be a module path"),
+    (["model.taps.extra={logits: fc}"], "model.taps.extra.logits: 'logits' is a built-in tap"),
+    (["model.taps.stagez=[a]"], "unknown key model.taps.stagez"),
+    (["prokdd.tau_max=3"], "unknown config key 'prokdd' (did you mean 'prokd'?)"),
+    (["data.few_shot=2"], "data.few_shot=2 needs data.omit_classes"),
 ])
 def test_bad_input_exit_2_one_line(tmp_path, capsys, overrides, match):
     cfg = write_cfg(tmp_path)
@@ -67,6 +79,7 @@ def test_bad_input_exit_2_one_line(tmp_path, capsys, overrides, match):
     err = capsys.readouterr().err
     assert code == 2
     assert match in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()  # refused before any run folder is made
 
 
 def test_missing_and_broken_config_and_checkpoint(tmp_path, capsys):
@@ -143,6 +156,12 @@ def test_run_prokd_online_end_to_end(tmp_path):
     (["run", "prokd", "prokd.tau_max=0.5"], "prokd.tau_max=0.5 is out of range: must be >= 1.0"),
     (["run", "prokd", "prokd.student_epochs=[1, 2]", "teacher.epochs=3"], "lists 2 entries but the teacher trains 3"),
     (["run", "nosuch"], "unknown recipe 'nosuch'"),
+    (["run", "prokd", "prokd.mode=replay"], "replay mode needs teacher.checkpoint"),
+    (["run", "eskd", "teacher.epochs=1"], "eskd needs eskd.epoch (the teacher checkpoint to distil from) or "
+                                          "eskd.search=true"),
+    (["run", "takd", "takd.assistant_epochs=0"], "takd.assistant_epochs=0 is out of range: must be >= 1"),
+    (["run", "rco", "rco.anchors=0"], "rco.anchors=0 is out of range: must be >= 1"),
+    (["run", "l2t", "l2t.memory=half"], "l2t.memory='half' is not allowed; choose full, checkpoint or truncate:K"),
 ])
 def test_recipe_bad_input(tmp_path, capsys, args, match):
     cfg = write_cfg(tmp_path)

@@ -69,3 +69,41 @@ def test_whole_mapping_override_replaces(tmp_path):
 
 def test_parse_overrides_nested():
     assert parse_overrides(["a.b.c=1", "a.d=x"]) == {"a": {"b": {"c": 1}, "d": "x"}}
+
+
+def test_recipe_sections_are_registered_options():
+    """A recipe registered with options declares its section: defaults, attribute access, round trip."""
+    from teachkit.config import SECTIONS, dump_yaml, to_dict, with_changes
+    from teachkit.recipes.prokd import ProKDOptions
+
+    assert SECTIONS["prokd"] is ProKDOptions and {"rco", "takd", "eskd", "l2t"} <= set(SECTIONS)
+    cfg = from_dict({"prokd": {"tau_max": 5, "mode": "replay"}})
+    assert isinstance(cfg.prokd, ProKDOptions) and cfg.prokd.tau_max == 5.0 and cfg.rco.anchors == 4
+    changed = with_changes(cfg, prokd={"tau_max": 3}, train={"epochs": 2})
+    assert changed.prokd.tau_max == 3.0 and changed.prokd.mode == "replay" and cfg.prokd.tau_max == 5.0
+    assert from_dict(to_dict(changed)) == changed
+    assert "prokd:\n  mode: replay" in dump_yaml(cfg)
+    with pytest.raises(AttributeError, match="no section 'nosuch'"):
+        _ = cfg.nosuch
+
+
+def test_kd_options_are_typed_and_resolved_for_every_method():
+    from teachkit.losses.crd import CRDOptions
+
+    cfg = from_dict({"kd": {"method": ["crd", "kd"], "options": {"crd": {"feat_dim": 16}}}})
+    assert isinstance(cfg.kd.options["crd"], CRDOptions) and cfg.kd.options["crd"].feat_dim == 16
+    assert cfg.kd.options["crd"].nce_k == 16384 and cfg.kd.options["kd"].temperature is None  # None: kd.temperature
+    with pytest.raises(ConfigError, match=r"^kd.options.crd.nce_t=0.0 is out of range: must be > 0.0$"):
+        from_dict({"kd": {"method": "crd", "options": {"crd": {"nce_t": 0}}}})
+    with pytest.raises(ConfigError, match=r"unknown distillation loss 'kdd' \(did you mean 'kd'\?\)"):
+        from_dict({"kd": {"method": ["kdd"]}})
+
+
+def test_names_are_checked_when_the_config_loads():
+    for data, match in (({"model": {"name": "resnet2O"}}, "unknown model 'resnet2O'"),
+                        ({"teacher": {"model": {"name": "lenett"}}}, "unknown model 'lenett'"),
+                        ({"data": {"name": "cifar1O"}}, "unknown dataset 'cifar1O'"),
+                        ({"train": {"loss": "msee"}}, "unknown loss 'msee'"),
+                        ({"teacher": {"loss": "cee"}}, "unknown loss 'cee'")):
+        with pytest.raises(ConfigError, match=match):
+            from_dict(data)

@@ -47,13 +47,16 @@ def summary_line(command: str, result) -> str:
     """``train finished: RUN  val 88.20%  test 86.18%  (best val ... at epoch k, test there ...)  12.3s``."""
     s = result.summary
     m = s.get("select_metric", "acc")
+    percent = s.get("select_metric_percent", m == "acc")
 
     def fmt(value: float) -> str:
-        return f"{value:.2f}%" if m == "acc" else f"{m} {value:.4g}"
+        text = f"{value:.2f}%" if percent else f"{value:.4g}"
+        return text if m == "acc" else f"{m} {text}"
 
+    wall = s.get("cost", {}).get("wall_time_s", s["wall_time_s"])  # a composed recipe's total
     return (f"{command} finished: {result.run_dir}  val {fmt(s[f'val_{m}'])}  test {fmt(s[f'test_{m}'])}  "
             f"(best val {fmt(s[f'best_val_{m}'])} at epoch {s['best_epoch']}, test there {fmt(s[f'test_{m}_at_best'])})"
-            f"  {s['wall_time_s']:.1f}s")
+            f"  {wall:.1f}s")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -56,6 +56,8 @@ class TrainConfig(Options):
     select_metric: str | None = None
     select_mode: Literal["auto", "max", "min"] = "auto"
 
+    resumable = frozenset({"progress", "device", "tensorboard"})
+
     def validate(self) -> None:
         OBJECTIVES.entry(self.loss)  # unknown names: one line with did-you-mean
 

@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from teachkit.errors import ConfigError
 from teachkit.registry import closest
@@ -47,8 +47,11 @@ class Options:
     """Base of every options dataclass: fields are coerced and range-checked when an instance is made.
 
     A subclass may override :meth:`validate` for checks across fields; :meth:`key` gives a field's full
-    dotted name for its messages.
+    dotted name for its messages. ``resumable`` names the fields that may change when a run folder is
+    resumed because they do not change what was already computed (e.g. ``train.progress``).
     """
+
+    resumable: ClassVar[frozenset[str]] = frozenset()
 
     def __post_init__(self) -> None:
         prefix = _KEY.get()

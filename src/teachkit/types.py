@@ -146,6 +146,14 @@ class Evaluator:
         low = ("loss", "error", "rmse", "mae", "perplexity", "ppl")
         return "min" if any(metric == m or metric.endswith("_" + m) for m in low) else "max"
 
+    def is_percent(self, metric: str) -> bool:
+        """Whether ``metric`` is a percentage (printed with %): accuracies, top-5 and F1 by default."""
+        return metric in ("acc", "top5", "f1") or metric.endswith("_acc") or metric.startswith("acc_")
+
+    def format(self, metric: str, value: float) -> str:
+        """``value`` of ``metric`` as a log line shows it: ``88.20%`` for percentages, else 4 significant digits."""
+        return f"{value:.2f}%" if self.is_percent(metric) else f"{value:.4g}"
+
     def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
         raise NotImplementedError
 

@@ -4,12 +4,14 @@ import pytest
 import torch
 
 from teachkit.data import BatchLoader
-from teachkit.engine import EVALUATORS, ClassificationEvaluator, fit
+from teachkit.data.base import TensorSplit
+from teachkit.engine import EVALUATORS, Callback, ClassificationEvaluator, EpochHooks, LoopConfig, OptimConfig, fit
 from teachkit.engine.checkpoint import load_checkpoint
-from teachkit.errors import NonFiniteLossError
+from teachkit.engine.syncs import HostSyncCounter
+from teachkit.errors import ConfigError, NonFiniteLossError
 from teachkit.recipes import train_model
 from teachkit.recipes.common import load_data
-from teachkit.types import StepOutput
+from teachkit.types import Batch, Evaluator, StepOutput
 
 
 class Interrupt(Exception):
@@ -115,3 +117,145 @@ def test_channels_last_and_bf16_train_and_keep_layout(tiny):
     conv = result.model.conv1.weight
     assert conv.is_contiguous(memory_format=torch.channels_last)
     assert result.summary["val_acc"] > 25  # learns above chance with both speed options on
+
+
+class Scripted(Evaluator):
+    """An evaluator whose val/test metrics per epoch are given in advance (to test selection)."""
+
+    primary = "acc"
+
+    def __init__(self, val: list[dict[str, float]]) -> None:
+        self.val, self.calls = val, 0
+
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(self.val[0])
+
+    def evaluate(self, model):
+        self.calls += 1
+        return {"val": self.val[self.calls - 1], "test": {k: -v for k, v in self.val[self.calls - 1].items()}}
+
+
+def tiny_fit(tmp_path, name, evaluator, loop, step_fn=None, model=None, batches=None):
+    torch.manual_seed(0)
+    model = model or torch.nn.Linear(3, 2)
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    batches = batches or BatchLoader(TensorSplit(x, y), 8, shuffle=True, seed=0)
+
+    def step(batch, progress):
+        logits = model(batch.x)
+        return StepOutput({"ce": torch.nn.functional.cross_entropy(logits, batch.y)}, logits)
+
+    return fit(model, step_fn or step, batches, OptimConfig(lr=0.1), evaluator, tmp_path / name, loop=loop), model
+
+
+@pytest.mark.parametrize("metric, mode, best", [("acc", "auto", 3), ("loss", "auto", 2), ("loss", "max", 1),
+                                                ("acc", "min", 1)])
+def test_select_metric_maximised_or_minimised(tmp_path, metric, mode, best):
+    val = [{"acc": 10.0, "loss": 3.0}, {"acc": 20.0, "loss": 1.0}, {"acc": 30.0, "loss": 2.0}]
+    result, _ = tiny_fit(tmp_path, f"{metric}-{mode}", Scripted(val),
+                         LoopConfig(epochs=3, progress=False, select_metric=metric, select_mode=mode))
+    s = result.summary
+    assert s["select_metric"] == metric and s["best_epoch"] == best
+    assert s[f"best_val_{metric}"] == val[best - 1][metric] and s[f"test_{metric}_at_best"] == -val[best - 1][metric]
+    _, state = load_checkpoint(tmp_path / f"{metric}-{mode}" / "checkpoints" / "best.safetensors")
+    assert state["epoch"] == best
+
+
+def test_unknown_select_metric_is_a_one_line_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"train.select_metric='f1' is not a metric of this task; choose one of: "
+                                          r"acc, loss"):
+        tiny_fit(tmp_path, "bad", Scripted([{"acc": 1.0, "loss": 1.0}]),
+                 LoopConfig(epochs=1, progress=False, select_metric="f1"))
+
+
+class TwoInputs(torch.nn.Module):
+    """A model called with named inputs (as a tokenised batch is): model(a=..., b=...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 2), torch.nn.Linear(5, 2)
+
+    def forward(self, a, b):
+        return self.a(a) + self.b(b)
+
+
+class MappingBatches:
+    """A batch source of mapping inputs, reproducible per (seed, epoch)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def batches(self, epoch: int):
+        g = torch.Generator().manual_seed(epoch)
+        for i in range(4):
+            a, b = torch.randn(6, 3, generator=g), torch.randn(6, 5, generator=g)
+            yield Batch({"a": a, "b": b}, (a[:, 0] > 0).long(), torch.arange(6) + 6 * i)
+
+
+def test_mapping_inputs_and_several_modules_train_checkpoint_and_resume(tmp_path):
+    """Inputs may be a mapping of tensors; every module is optimised and saved under its own prefix."""
+    def run(name, epochs, resume=False, crash_after=None):
+        torch.manual_seed(0)
+        model, head = TwoInputs(), torch.nn.Linear(2, 2)
+
+        def step(batch, progress):
+            logits = model(**batch.x)
+            return StepOutput({"ce": torch.nn.functional.cross_entropy(logits, batch.y),
+                               "aux": head(logits).pow(2).mean()}, logits)
+
+        def crash(record):
+            if record["epoch"] == crash_after:
+                raise Interrupt
+
+        ev = Scripted([{"acc": float(e), "loss": 0.0} for e in range(1, 5)])
+        return fit({"model": model, "head": head}, step, MappingBatches(), OptimConfig(lr=0.1), ev, tmp_path / name,
+                   loop=LoopConfig(epochs=epochs, progress=False), resume=resume,
+                   callbacks=[EpochHooks(end=crash)]), model, head
+
+    straight, m1, h1 = run("straight", 3)
+    with pytest.raises(Interrupt):
+        run("resumed", 3, crash_after=1)
+    resumed, m2, h2 = run("resumed", 3, resume=True)
+    tensors, _ = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.safetensors")
+    assert {k.split("/")[0] for k in tensors} >= {"model", "head", "optim", "rng"}
+    for a, b in ((m1, m2), (h1, h2)):
+        for (k, v), w in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+            assert torch.equal(v, w), k
+    record = straight.history[-1]
+    assert set(record["train"]) == {"loss", "ce", "aux"} and "train_acc" not in record  # no train metrics asked
+
+
+def test_one_host_sync_per_step(tmp_path):
+    """The NaN guard is the step's only read of a tensor; metrics stay on the device until the epoch ends."""
+    totals = {}
+    for steps in (3, 6):
+        x, y = torch.randn(8 * steps, 3), torch.randint(0, 2, (8 * steps,))
+        batches = BatchLoader(TensorSplit(x, y), 8, shuffle=True, seed=0)
+        ev = Scripted([{"acc": 1.0, "loss": 1.0}])
+        with HostSyncCounter() as counter:
+            tiny_fit(tmp_path, f"s{steps}", ev, LoopConfig(epochs=1, progress=False), batches=batches)
+        totals[steps] = counter.total
+    assert (totals[6] - totals[3]) / 3 == 1
+
+
+def test_callbacks_run_around_each_epoch_in_order(tmp_path):
+    calls = []
+    ev = Scripted([{"acc": 1.0, "loss": 1.0}] * 2)
+    hooks = EpochHooks(start=lambda e: calls.append(("start", e)), end=lambda r: calls.append(("end", r["epoch"])))
+
+    class Checker(Callback):
+        def on_epoch_end(self, trainer, record):
+            assert trainer.last_path.is_file() and trainer.epoch == record["epoch"]  # checkpoint already written
+            calls.append(("checked", record["epoch"]))
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+
+    def step(batch, progress):
+        logits = model(batch.x)
+        return StepOutput({"ce": torch.nn.functional.cross_entropy(logits, batch.y)}, logits)
+
+    fit(model, step, BatchLoader(TensorSplit(x, y), 8, shuffle=True, seed=0), OptimConfig(), ev, tmp_path / "cb",
+        loop=LoopConfig(epochs=2, progress=False), callbacks=[hooks, Checker()])
+    assert calls == [("start", 0), ("end", 1), ("checked", 1), ("start", 1), ("end", 2), ("checked", 2)]

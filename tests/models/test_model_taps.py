@@ -198,3 +198,68 @@ def test_gradients_flow_through_taps() -> None:
     taps = Tapped(model, want=("embedding",))(torch.randn(2, 3, 16, 16))
     taps.embedding.sum().backward()
     assert model.layer1[0].conv1.weight.grad.abs().sum() > 0
+
+
+def test_extra_taps_by_module_path_input_and_output(resnet20: nn.Module) -> None:
+    spec = TapSpec.from_dict({"extra": {"block": "layer2.0", "block_in": "layer2.0:input", "fc_out": "fc:output"}})
+    with Tapped(resnet20, spec, want=("logits", "block", "block_in", "fc_out")) as tapped:
+        taps = tapped(torch.randn(2, 3, 32, 32))
+    assert taps.extra["block"].shape == (2, 32, 16, 16)  # layer2's first block halves the map
+    assert taps.extra["block_in"].shape == (2, 16, 32, 32)  # its input is layer1's output
+    assert torch.equal(taps.extra["fc_out"], taps.logits) and taps.get("block") is taps.extra["block"]
+    assert hook_count(resnet20) == 0
+
+
+class HFLike(nn.Module):
+    """Returns a structured output, as a Hugging Face model does: a mapping of named fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 6)
+        self.classifier = nn.Linear(6, 3)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict:
+        hidden = torch.tanh(self.encoder(input_ids * attention_mask))
+        return {"logits": self.classifier(hidden), "hidden_states": (input_ids, hidden), "scores": hidden.sum(1)}
+
+
+def test_structured_output_fields_and_mapping_inputs() -> None:
+    model = HFLike()
+    x = {"input_ids": torch.randn(2, 4), "attention_mask": torch.ones(2, 4)}
+    taps = Tapped(model, want=("logits", "hidden_states"))(x)
+    assert taps.logits.shape == (2, 3) and taps.extra["hidden_states"][1].shape == (2, 6)
+    other = Tapped(model, TapSpec.from_dict({"logits": "scores"}))(x)  # another field as the logits
+    assert other.logits.shape == (2,)
+    emb = Tapped(model, TapSpec(embedding="classifier"), want=("embedding",))(x)
+    assert emb.embedding.shape == (2, 6)  # the classifier's input
+    with pytest.raises(ConfigError, match="model HFLike has no tap 'attentions'"):
+        Tapped(model, want=("attentions",))(x)
+    with pytest.raises(ConfigError, match=r"has no field 'start_logits' .*model.taps.logits"):
+        Tapped(model, TapSpec.from_dict({"logits": "start_logits"}))(x)
+
+
+@pytest.mark.parametrize("taps, match", [
+    ({"extra": {"logits": "fc"}}, "'logits' is a built-in tap"),
+    ({"extra": {"a": 3}}, "model.taps.extra.a must be a module path"),
+    ({"extra": ["fc"]}, "model.taps.extra must be a mapping"),
+    ({"logits": 1}, "model.taps.logits must be the name of an output field"),
+])
+def test_bad_extra_specs(taps, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        TapSpec.from_dict(taps)
+
+
+def test_plain_module_without_spec_serves_logit_methods_and_names_what_feature_methods_need() -> None:
+    """A plain nn.Module (no tap_spec) works for every logit-only method; a feature method says what to declare."""
+    from teachkit.losses import build_objective, needs_of
+
+    student = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
+    teacher = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
+    x = torch.randn(2, 3, 4)
+    for method in ("kd", "dkd"):
+        s_needs, t_needs = needs_of([method])
+        s, t = Tapped(student, want=s_needs)(x), Tapped(teacher, want=t_needs)(x)
+        assert build_objective(method, s, t, num_classes=5, num_samples=2)
+    with pytest.raises(ConfigError) as e:
+        Tapped(student, want=needs_of(["crd"])[0])
+    assert str(e.value) == "model Sequential has no 'embedding' tap; name its module path in model.taps.embedding"

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from teachkit.errors import CheckpointError, ConfigError
+from teachkit.losses import LOSSES
 from teachkit.recipes import distill, load_model, train_model
 
 
@@ -83,7 +84,7 @@ def test_zero_shot_student_reports_omitted_and_kept_accuracy(tiny):
     assert "acc_omitted" in record["val"] and "acc_kept" in record["test"]
 
 
-METHODS = ["kd", "fitnet", "at", "pkt", "sp", "cc", "rkd", "vid", "crd", "dkd", "reviewkd", "hsakd"]
+METHODS = LOSSES.names()  # every registered method, a new one included
 IMAGES = {"shape": [3, 8, 8], "num_classes": 4, "n_train": 120, "n_test": 40}
 
 
@@ -151,3 +152,39 @@ def test_crd_resume_is_bit_identical(tiny, monkeypatch):
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     assert straight.history[-1]["train"] == resumed.history[-1]["train"]
     assert {"crd.student", "crd.teacher"} <= set(straight.history[-1]["train"])
+
+
+def test_hsakd_teacher_head_stage_resumes_exactly_and_is_reused(tiny, monkeypatch):
+    """The heads train through the engine in their own folder: a crash in the stage resumes bit for bit, and a
+    finished stage is loaded, not retrained."""
+    from teachkit.engine import load_checkpoint as load
+    from teachkit.losses.hsakd import HEADS_STAGE, TeacherHeadsEvaluator
+
+    def cfg(name):
+        return tiny(name=name, data={"options": IMAGES, "batch_size": 16}, model={"name": "resnet8", "options": {}},
+                    train={"epochs": 1, "progress": False}, teacher={"model": {"name": "resnet8", "options": {}},
+                                                                      "epochs": 1},
+                    kd={"method": "hsakd", "options": {"hsakd": {"teacher_head_epochs": 3}}})
+
+    straight = distill(cfg("straight"))
+    real, calls = TeacherHeadsEvaluator.evaluate, {"n": 0}
+
+    def crash_in_second_epoch(self, model):
+        calls["n"] += 1
+        if calls["n"] == 2:  # stage epoch 1 evaluated and checkpointed
+            raise Interrupt
+        return real(self, model)
+
+    monkeypatch.setattr(TeacherHeadsEvaluator, "evaluate", crash_in_second_epoch)
+    with pytest.raises(Interrupt):
+        distill(cfg("resumed"))
+    monkeypatch.setattr(TeacherHeadsEvaluator, "evaluate", real)
+    _, state = load(straight.run_dir.parent / "resumed" / HEADS_STAGE / "checkpoints" / "last.safetensors")
+    assert state["epoch"] == 1
+    resumed = distill(cfg("resumed"), resume=True)
+    heads = [load(r.run_dir / HEADS_STAGE / "checkpoints" / "last.safetensors")[0] for r in (straight, resumed)]
+    assert heads[0].keys() == heads[1].keys() and all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    monkeypatch.setattr(TeacherHeadsEvaluator, "evaluate", lambda *a: pytest.fail("a finished stage retrained"))
+    distill(cfg("resumed"), resume=True)  # everything finished: loads the heads, trains nothing new

@@ -175,6 +175,16 @@ class RandomStream:
             self.cuda = tensors["rng/cuda"]
 
 
+def select_metric(evaluator: Evaluator, name: str | None) -> str:
+    """The metric that selects the best checkpoint: ``name`` (``train.select_metric``) or the evaluator's
+    primary one; a one-line ConfigError naming the task's metrics when it reports no such metric."""
+    name = name or evaluator.primary
+    if name not in evaluator.metric_names():
+        raise ConfigError(f"train.select_metric={name!r} is not a metric of this task; choose one "
+                          f"of: {', '.join(evaluator.metric_names())}")
+    return name
+
+
 def flat_metrics(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
     return {f"{prefix}_{k}": v for k, v in metrics.items()}
 
@@ -207,10 +217,7 @@ class Trainer:
         self.params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optim)
         self.steps = len(batches)
-        self.select_metric = loop.select_metric or evaluator.primary
-        if self.select_metric not in evaluator.metric_names():
-            raise ConfigError(f"train.select_metric={self.select_metric!r} is not a metric of this task; choose one "
-                              f"of: {', '.join(evaluator.metric_names())}")
+        self.select_metric = select_metric(evaluator, loop.select_metric)
         mode = loop.select_mode if loop.select_mode != "auto" else evaluator.direction(self.select_metric)
         self.maximise = mode == "max"
         ckpt_dir = self.run_dir / "checkpoints"
@@ -367,16 +374,14 @@ class Trainer:
         return value > best if self.maximise else value < best
 
     def _epoch_line(self, r: dict[str, Any]) -> str:
-        def fmt(name: str, value: float) -> str:
-            return f"{value:.2f}%" if name.startswith("acc") or name.endswith("acc") else f"{value:.4g}"
-
         parts = [f"{self.desc} epoch {r['epoch']}/{self.loop.epochs}", f"loss {r['train']['loss']:.4f}"]
         if "train_acc" in r:
             parts.append(f"train {r['train_acc']:.1f}%")
         m = self.select_metric
         for split in ("val", "test"):
             if m in r.get(split, {}):
-                parts.append(f"{split} {fmt(m, r[split][m]) if m == 'acc' else m + ' ' + fmt(m, r[split][m])}")
+                value = self.evaluator.format(m, r[split][m])
+                parts.append(f"{split} {value}" if m == "acc" else f"{split} {m} {value}")
         return "  ".join(parts) + f"  ({r['images_per_s']:.0f} img/s)"
 
     def finish(self, **extra_summary: Any) -> FitResult:
@@ -396,6 +401,7 @@ class Trainer:
             f"val_{m}": last.get("val", {}).get(m, nan),
             f"test_{m}": last.get("test", {}).get(m, nan),
             "select_metric": m,
+            "select_metric_percent": self.evaluator.is_percent(m),
             "best_epoch": best["epoch"],
             f"best_val_{m}": best.get("val", {}).get(m, nan),
             f"test_{m}_at_best": best.get("test", {}).get(m, nan),

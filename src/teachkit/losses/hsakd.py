@@ -1,4 +1,4 @@
-"""Yang, Zhu, An, Xu & Tian 2021, "Hierarchical Self-supervised Augmented Knowledge Distillation" (IJCAI).
+"""Yang, An, Cai & Xu 2021, "Hierarchical Self-supervised Augmented Knowledge Distillation" (IJCAI).
 
 HSAKD augments the label space with a self-supervised task: every image ``x`` is shown with its four
 rotations ``t_r(x)``, ``r in {0, 90, 180, 270}``, and *auxiliary classifiers* attached to the hidden stages

@@ -4,7 +4,7 @@
 (BN-ReLU-conv1x1(4k)-BN-ReLU-conv3x3(k), output concatenated to the input), transitions ``trans1``,
 ``trans2`` (BN-ReLU-conv1x1 to half the channels-2x2 average pool), final ``bn``-``relu``, global average pool,
 ``fc``. DenseNet-BC-100-12 has 769,162 parameters at 10 classes (the paper's 0.8M), DenseNet-BC-190-40
-(the L2T-DLF seed's CIFAR teacher) 25,624,430 (the paper's 25.6M).
+(a CIFAR-10 student of L2T-DLF, Wu et al. 2018) 25,624,430 (the DenseNet paper's 25.6M).
 
 Taps. Like a pre-activation ResNet, a dense block ends without an activation: its output gets BN-ReLU as the
 first step of the next transition (or of the head). stages = ``trans1.relu``, ``trans2.relu``, ``relu``: the
@@ -106,7 +106,7 @@ def _positive(value: Any) -> bool:
                                 "(Huang et al. 2017)")
 def densenet_bc(input_shape: tuple[int, ...], num_classes: int, depth: int = 100, growth: int = 12) -> nn.Module:
     """DenseNet-BC with depth L = 6n+4 (``depth``) and growth rate k (``growth``); L=190, k=40 is the
-    L2T-DLF seed's CIFAR teacher."""
+    CIFAR-10 student of L2T-DLF (Wu et al. 2018)."""
     dims = check_input("densenet_bc", input_shape, "(C, H, W)", MIN_SIZE)
     if not _positive(depth) or depth < 10 or (depth - 4) % 6:
         raise ConfigError(f"model 'densenet_bc' option 'depth' must be 6n+4 (10, 16, ..., 100, ..., 190); "

@@ -21,6 +21,7 @@ class FrozenTeacher(nn.Module):
         self.module = module.eval()
         for p in self.module.parameters():
             p.requires_grad_(False)
+        super().train(False)
 
     def train(self, mode: bool = True) -> FrozenTeacher:  # noqa: ARG002 - always eval
         return super().train(False)

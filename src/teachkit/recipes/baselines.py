@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from teachkit.engine.checkpoint import write_json
 from teachkit.errors import ConfigError
 from teachkit.models import ModelConfig, count_parameters
 from teachkit.options import Options, option
-from teachkit.recipes.common import RunResult
+from teachkit.recipes.common import RunResult, composed_cost, finished_run
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.kd import distill
 from teachkit.recipes.registry import RECIPES
@@ -45,13 +44,6 @@ class ESKDOptions(Options):
     search: bool = False
 
 
-def _cost(results: list[RunResult], teacher_epochs: int, t0: float) -> dict:
-    return {"teacher_epochs_trained": teacher_epochs,
-            "student_epochs": sum(r.summary.get("epochs", 0) for r in results),
-            "teacher_forward_images": sum(r.summary.get("cost", {}).get("teacher_forward_images", 0) for r in results),
-            "wall_time_s": time.perf_counter() - t0}
-
-
 @RECIPES.register("takd", "TAKD: teacher -> teacher assistant (KD) -> student (KD)", options=TAKDOptions)
 def takd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Distil the assistant ``takd.assistant`` from the teacher, then the student from the assistant."""
@@ -68,15 +60,13 @@ def takd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
             print(f"teachkit: warning: the assistant {cfg.takd.assistant.name} ({ta_size:,} parameters) is larger "
                   f"than the teacher {teacher_model.name} ({t_size:,})", file=sys.stderr)
     assistant_dir = ctx.run_dir / "assistant"
-    if (assistant_dir / "summary.json").is_file():
-        assistant = RunResult(assistant_dir, json.loads((assistant_dir / "summary.json").read_text()), None)
-    else:
-        assistant = distill(assistant_cfg, resume=resume, splits=ctx.full_splits(), run_dir=assistant_dir)
+    assistant = finished_run(assistant_dir, ctx.device) or distill(assistant_cfg, resume=resume,
+                                                                   splits=ctx.full_splits(), run_dir=assistant_dir)
     student_cfg = with_changes(cfg, teacher={"checkpoint": str(assistant_dir)}, kd={"method": "kd"})
     student = distill(student_cfg, resume=resume, splits=ctx.splits, run_dir=ctx.run_dir / "student")
     summary = {**student.summary, "assistant": {k: assistant.summary.get(k) for k in
                                                 ("val_acc", "test_acc", "best_val_acc", "test_acc_at_best")},
-               "cost": _cost([assistant, student], TeacherSource(ctx).epochs_trained, t0)}
+               "cost": composed_cost([assistant, student], TeacherSource(ctx).epochs_trained, t0)}
     write_json(ctx.run_dir / "summary.json", summary)
     return RunResult(ctx.run_dir, summary, student.model, student.history)
 
@@ -112,6 +102,6 @@ def eskd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
     keys = (f"best_val_{metric}", f"val_{metric}", f"test_{metric}", f"test_{metric}_at_best")
     table = [{"teacher_epoch": e, **{k: r.summary[k] for k in keys}} for e, r in runs.items()]
     summary = {**best.summary, "teacher_epoch": best_epoch, "search": table,
-               "cost": _cost(list(runs.values()), source.epochs_trained, t0)}
+               "cost": composed_cost(list(runs.values()), source.epochs_trained, t0)}
     write_json(ctx.run_dir / "summary.json", summary)
     return RunResult(ctx.run_dir, summary, best.model, best.history)

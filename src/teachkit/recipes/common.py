@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +17,12 @@ from teachkit.config import RunConfig, from_dict, to_dict, with_changes
 from teachkit.data import DataConfig, Splits, splits_for
 from teachkit.engine import load_checkpoint, resolve_device
 from teachkit.engine.checkpoint import strip
+from teachkit.engine.runlog import RunLog
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.models import FrozenTeacher, ModelConfig, make_model
 
-__all__ = ["FrozenTeacher", "RunResult", "check_compatible", "checkpoint_file", "device_of", "load_data", "load_model",
-           "model_meta", "seed_everything", "with_changes"]
+__all__ = ["FrozenTeacher", "RunResult", "check_compatible", "checkpoint_file", "composed_cost", "device_of",
+           "finished_run", "load_data", "load_model", "model_meta", "seed_everything", "with_changes"]
 
 
 @dataclass
@@ -30,6 +33,29 @@ class RunResult:
     summary: dict[str, Any]
     model: nn.Module | None
     history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def finished_run(folder: Path, device: torch.device | str = "cpu") -> RunResult | None:
+    """The run in ``folder`` when it finished (its ``summary.json`` exists): summary, per-epoch history and its
+    final model; None otherwise. Composed recipes (TAKD's assistant, BAN's generations) reuse finished parts."""
+    folder = Path(folder)
+    if not (folder / "summary.json").is_file():
+        return None
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        raise CheckpointError(f"run summary {str(folder / 'summary.json')!r} is unreadable") from None
+    model = load_model(folder, "last", device)[0] if (folder / "checkpoints" / "last.safetensors").is_file() else None
+    return RunResult(folder, summary, model, RunLog(folder).records())
+
+
+def composed_cost(results: list[RunResult], teacher_epochs: int, t0: float) -> dict[str, Any]:
+    """The ``cost`` block of a recipe made of several runs: teacher epochs trained in this command, student
+    epochs and teacher forward images summed over the runs, and this command's wall time."""
+    return {"teacher_epochs_trained": teacher_epochs,
+            "student_epochs": sum(r.summary.get("epochs", 0) for r in results),
+            "teacher_forward_images": sum(r.summary.get("cost", {}).get("teacher_forward_images", 0) for r in results),
+            "wall_time_s": time.perf_counter() - t0}
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:

@@ -21,17 +21,21 @@ from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml
 from teachkit.data import BatchLoader, Splits, make_augment
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
 from teachkit.engine.checkpoint import atomic_write
+from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError
 from teachkit.models import ModelConfig, make_model
 from teachkit.recipes.common import load_data, model_meta, seed_everything
 from teachkit.types import Evaluator
 
-#: Keys that may differ between a run and its resumption (they do not change the result).
-RESUMABLE_DIFFERENCES = {("train", "progress"), ("train", "device"), ("train", "tensorboard")}
+
+def resumable(cfg: RunConfig, section: str) -> frozenset[str]:
+    """The keys of ``section`` that may differ between a run and its resumption (its options' ``resumable``)."""
+    return getattr(getattr(cfg, section, None), "resumable", frozenset())
 
 
 def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> None:
-    """Refuse to overwrite a run folder, or to resume it with a config that changes the result."""
+    """Refuse to overwrite a run folder, or to resume it with a config that changes the result (keys a
+    section declares ``resumable``, such as ``train.progress``, may differ)."""
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         return
@@ -44,7 +48,7 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> None:
         if isinstance(values, dict):
             before = old.get(section) or {}
             for key, value in values.items():
-                if (section, key) not in RESUMABLE_DIFFERENCES and before.get(key) != value:
+                if key not in resumable(cfg, section) and before.get(key) != value:
                     raise ConfigError(f"cannot resume {str(run_dir)!r}: it was made with {section}.{key}="
                                       f"{before.get(key)!r}, not {value!r}")
         elif section not in ("out_dir",) and old.get(section) != values:
@@ -66,11 +70,15 @@ class RunContext:
     @classmethod
     def open(cls, cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
              run_dir: str | Path | None = None) -> RunContext:
-        """Validate the run folder, load the data (unless given), then create the folder with config.yaml."""
+        """Validate the run folder, load the data (unless given), check the selection metric and the model
+        against the data, then create the folder with config.yaml: a refused run leaves nothing behind."""
         device = resolve_device(cfg.train.device)
         folder = Path(run_dir) if run_dir is not None else Path(cfg.out_dir) / cfg.name
         check_run_dir(cfg, folder, resume)
         splits = splits if splits is not None else load_data(cfg.data, device)
+        select_metric(EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size), cfg.train.select_metric)
+        with torch.device("meta"):  # the model's options and input shape are checked without allocating it
+            make_model(cfg.model, splits.input_shape, splits.num_classes)
         folder.mkdir(parents=True, exist_ok=True)
         text = dump_yaml(cfg)
         atomic_write(folder / "config.yaml", lambda tmp: Path(tmp).write_text(text))

@@ -58,7 +58,8 @@ def run_stage(ctx: RunContext, stage: TrainingStage) -> None:
         optim = from_mapping(OptimConfig, stage.optim, f"{stage.name}.optim")
         evaluator = stage.evaluator(splits, ctx.cfg.data.eval_batch_size)
         trainer = Trainer(stage.modules, stage.step, ctx.batches(splits, stage.batch_size), optim, evaluator, folder,
-                          loop=ctx.loop(epochs=stage.epochs, save_every=0), meta={"stage": stage.name},
+                          loop=ctx.loop(epochs=stage.epochs, save_every=0, select_metric=None, select_mode="auto"),
+                          meta={"stage": stage.name},
                           resume=ctx.resume, desc=f"{ctx.cfg.name} {stage.name}")
         while not trainer.done:
             trainer.run_epoch()
@@ -91,8 +92,8 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         return StepOutput(objective(s_out, t_out, batch, progress), s_out.logits[:n])
 
     meta = ctx.meta("+".join(cfg.kd.methods))
-    meta["teacher"] = {"epoch": teacher_state.get("epoch"), "val_acc": teacher_state.get("val_acc"),
-                       "test_acc": teacher_state.get("test_acc"), "loss": teacher_state.get("loss")}
+    meta["teacher"] = {"epoch": teacher_state.get("epoch"), "loss": teacher_state.get("loss"),
+                       **{k: v for k, v in teacher_state.items() if k.startswith(("val_", "test_"))}}
     trainer = ctx.trainer({"model": student, "objective": objective}, step, meta=meta)
     while not trainer.done:
         trainer.run_epoch()

@@ -67,9 +67,15 @@ class TeacherSource:
                         splits=self.ctx.full_splits(), run_dir=self.folder)
         return self.folder
 
+    def checkpoint(self) -> Path:
+        """Where the final teacher is: ``teacher.checkpoint`` (a file or a run folder), or the run folder of
+        the teacher trained in this command (trained now unless it finished before)."""
+        return Path(self.cfg.checkpoint) if self.given else self._train_here(save_every=0)
+
     def frozen(self) -> tuple[FrozenTeacher, dict[str, Any]]:
-        """The final teacher, frozen, on the run's device; checked against the student's data."""
-        path = Path(self.cfg.checkpoint) if self.given else self._train_here(save_every=0)
+        """The final teacher (``teacher.select``), frozen, on the run's device; checked against the student's
+        data. Returns the module and its checkpoint's state (epoch, val/test metrics, model, ...)."""
+        path = self.checkpoint()
         model, state = load_model(path, self.cfg.select, self.ctx.device)
         check_compatible(state, self.ctx.splits)
         return FrozenTeacher(channels_last(model, self.ctx.cfg.train.channels_last)), state
