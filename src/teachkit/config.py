@@ -34,27 +34,21 @@ __all__ = ["DataConfig", "KDConfig", "ModelConfig", "OptimConfig", "RunConfig", 
 
 
 @dataclass
-class TrainConfig(Options):
-    """How long and how one model trains, how the best epoch is selected and what the run folder keeps.
+class TrainConfig(LoopConfig):
+    """How long and how one model trains, how the best epoch is selected and what the run folder keeps:
+    the engine's :class:`LoopConfig` (epochs, seed, precision, channels_last, save_every, tensorboard,
+    progress, select_metric, select_mode) plus the objective on labels (``loss``, ``label_smoothing``),
+    the device and determinism.
 
     ``select_metric`` names the validation metric that picks the best checkpoint (default: the task's
     primary metric, accuracy for classification); ``select_mode`` says whether it is maximised or
     minimised (``auto``: the task knows, e.g. a loss is minimised).
     """
 
-    epochs: int = option(10, ge=1)
     loss: str = "ce"
     label_smoothing: float = option(0.0, ge=0.0, lt=1.0)
-    seed: int = 0
     deterministic: bool = False
     device: str = "auto"
-    precision: Literal["fp32", "bf16"] = "fp32"
-    channels_last: bool = False
-    save_every: int = option(0, ge=0)
-    tensorboard: bool = False
-    progress: bool = True
-    select_metric: str | None = None
-    select_mode: Literal["auto", "max", "min"] = "auto"
 
     resumable = frozenset({"progress", "device", "tensorboard"})
 
