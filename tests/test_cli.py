@@ -168,3 +168,17 @@ def test_recipe_bad_input(tmp_path, capsys, args, match):
     code = main([args[0], args[1], str(cfg), *args[2:], "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and match in err and err.count("\n") == 1, err
+
+
+def test_list_piped_into_a_reader_that_stops_early(tmp_path):
+    proc = subprocess.run(f"{sys.executable} -m teachkit.cli list | head -1", shell=True, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.stdout.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_list_shows_options_of_methods_and_recipes(capsys):
+    assert main(["list", "recipes"]) == 0
+    out = capsys.readouterr().out
+    assert "options: mode=online, tau_max=10.0" in out and "options: generations=3, ensemble=False" in out
+    assert main(["list", "evaluators"]) == 0
+    assert "  binary " in capsys.readouterr().out

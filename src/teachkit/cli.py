@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -133,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("teachkit: interrupted; the last finished epoch's checkpoint is kept (use --resume)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into a reader that stopped early (`teachkit list | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
