@@ -67,7 +67,7 @@ from teachkit.recipes.l2t.state import StudentStateTracker
 from teachkit.recipes.l2t.teachers import LossTeacher, build_teacher, load_teacher, save_teacher
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TeacherSource
-from teachkit.types import Batch, BatchSource, Progress, StepOutput
+from teachkit.types import Batch, BatchSource, Progress, StepOutput, upcast
 
 
 @dataclass
@@ -205,10 +205,10 @@ def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
     alpha = l2t.ce_alpha
 
     def inner_loss(logits: Tensor, y: Tensor, W: Tensor, b: Tensor) -> Tensor:
-        return l2t_student_loss(logits.float(), y, W, b, alpha)
+        return l2t_student_loss(upcast(logits), y, W, b, alpha)
 
     def ce_loss(logits: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(logits.float(), y)
+        return F.cross_entropy(upcast(logits), y)
 
     state = student.initial_state(0)
     if l2t.warm_start_steps:
@@ -322,7 +322,7 @@ def student_trainer(ctx: RunContext, teacher: LossTeacher,
         with torch.no_grad():
             W, b = teacher(s)
         logits = student(batch.x)
-        terms = l2t_loss_terms(logits.float(), batch.y, W, b, alpha)
+        terms = l2t_loss_terms(upcast(logits), batch.y, W, b, alpha)
         with torch.no_grad():
             lg = logits.detach().float()
             tracker.observe_train(float(F.cross_entropy(lg, batch.y)), float((lg.argmax(1) == batch.y).float().mean()))
