@@ -91,3 +91,25 @@ def test_trajectory_manifest_and_hash(tmp_path):
         again.load(3)
     with pytest.raises(CheckpointError, match="no checkpoint for epoch 7"):
         again.load(7)
+
+
+def test_a_stale_sidecar_left_by_a_kill_is_recognised_and_rewritten(tmp_path):
+    """A kill between the checkpoint's rename and its sidecar's: the file is complete (its own content digest
+    matches), the sidecar names the previous file's sha256."""
+    path = tmp_path / "last.safetensors"
+    save_checkpoint(path, {"w": torch.ones(3)}, {"epoch": 1})
+    stale = path.with_suffix(".json").read_text()
+    save_checkpoint(path, {"w": torch.full((3,), 2.0)}, {"epoch": 2})
+    path.with_suffix(".json").write_text(stale)
+    tensors, state = load_checkpoint(path)
+    assert state["epoch"] == 2 and torch.equal(tensors["w"], torch.full((3,), 2.0))
+    assert json.loads(path.with_suffix(".json").read_text())["epoch"] == 2  # rewritten
+    # a file modified after writing fails its content digest, sidecar or not
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="sha256 check"):
+        load_checkpoint(path)
+    path.with_suffix(".json").unlink()
+    with pytest.raises(CheckpointError, match="sha256 check"):
+        load_checkpoint(path)

@@ -24,3 +24,18 @@ def test_log_records_truncate_and_summary(tmp_path):
 
 def test_empty_folder_has_no_records(tmp_path):
     assert RunLog(tmp_path).records() == [] and RunLog(tmp_path).truncate(5) == []
+
+
+def test_a_line_cut_short_by_a_kill_is_dropped_and_corruption_elsewhere_named(tmp_path):
+    import pytest
+
+    from teachkit.errors import CheckpointError
+
+    log = RunLog(tmp_path)
+    log.log({"epoch": 1})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 2, "val": {"ac')  # killed while appending
+    assert [r["epoch"] for r in log.truncate(1)] == [1]
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\nnot json\n{"epoch": 3}\n')
+    with pytest.raises(CheckpointError, match="metrics.jsonl' is corrupt at line 2"):
+        log.records()

@@ -1,9 +1,11 @@
 """Safe, atomic checkpoints and training trajectories.
 
 A checkpoint is one ``.safetensors`` file (all tensors: weights, optimiser buffers, RNG state as
-uint8) whose metadata carries the JSON state, plus a ``.json`` sidecar with the same state and the
-file's sha256. Files are written to a temporary name and renamed into place, so a crash never
-leaves a half-written checkpoint under the real name. Nothing is ever unpickled.
+uint8) whose metadata carries the JSON state and a sha256 of its own content (the state and every
+tensor), plus a ``.json`` sidecar with the same state and the file's sha256. Files are written to a
+temporary name and renamed into place, so a crash never leaves a half-written checkpoint under the real
+name; a kill between the file's rename and its sidecar's leaves a stale sidecar, which the file's own
+digest recognises (the file is accepted and the sidecar rewritten). Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from teachkit.errors import CheckpointError
 
 STATE_KEY = "teachkit_state"
+DIGEST_KEY = "teachkit_content_sha256"
 
 
 def sha256_file(path: str | Path) -> str:
@@ -58,39 +61,70 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write(path, write)
 
 
+def content_digest(state_json: str, tensors: dict[str, Tensor]) -> str:
+    """sha256 of a checkpoint's content: its state JSON and every tensor's name, dtype, shape and bytes."""
+    h = hashlib.sha256(state_json.encode())
+    for key in sorted(tensors):
+        t = tensors[key].detach().to("cpu").contiguous()
+        h.update(f"\0{key}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], state: dict[str, Any]) -> str:
     """Write ``tensors`` + JSON ``state`` atomically; return the file's sha256."""
     path = Path(path)
     flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    meta = {STATE_KEY: json.dumps(state)}
+    state_json = json.dumps(state)
+    meta = {STATE_KEY: state_json, DIGEST_KEY: content_digest(state_json, flat)}
     atomic_write(path, lambda tmp: save_file(flat, tmp, metadata=meta))
     digest = sha256_file(path)
     write_json(path.with_suffix(".json"), {**state, "file": path.name, "sha256": digest})
     return digest
 
 
+def _read(path: Path) -> tuple[dict[str, Tensor], dict, bool | None]:
+    """(tensors, state, whether the content digest matches; None for files written without one)."""
+    try:
+        tensors = load_file(str(path))
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state_json = meta.get(STATE_KEY, "{}")
+        state = json.loads(state_json)
+    except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({str(e).splitlines()[0]})") from None
+    digest = meta.get(DIGEST_KEY)
+    return tensors, state, None if digest is None else digest == content_digest(state_json, tensors)
+
+
 def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple[dict[str, Tensor], dict]:
-    """Read a checkpoint, verifying its sha256 against ``expect_sha256`` or the JSON sidecar."""
+    """Read a checkpoint, verifying its sha256 against ``expect_sha256`` (a trajectory manifest's) or the JSON
+    sidecar's, and its content digest. A sidecar left stale by a kill between the file's rename and its own
+    (the file's content digest intact) is rewritten; any other mismatch is a one-line CheckpointError."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    bad = CheckpointError(f"checkpoint {str(path)!r} fails its sha256 check (truncated or modified)")
     sidecar = path.with_suffix(".json")
-    if expect_sha256 is None and sidecar.is_file():
+    from_sidecar = expect_sha256 is None and sidecar.is_file()
+    if from_sidecar:
         try:
             expect_sha256 = json.loads(sidecar.read_text()).get("sha256")
         except (json.JSONDecodeError, AttributeError):
             raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} is not valid JSON") from None
-    if expect_sha256 is not None and sha256_file(path) != expect_sha256:
-        raise CheckpointError(f"checkpoint {str(path)!r} fails its sha256 check (truncated or modified)")
-    try:
-        tensors = load_file(str(path))
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        state = json.loads(meta.get(STATE_KEY, "{}"))
-    except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({str(e).splitlines()[0]})") from None
+    actual = sha256_file(path) if expect_sha256 is not None else None
+    if actual is not None and actual != expect_sha256:
+        try:
+            tensors, state, intact = _read(path)
+        except CheckpointError:
+            raise bad from None
+        if not (from_sidecar and intact):
+            raise bad
+        write_json(sidecar, {**state, "file": path.name, "sha256": actual})  # the sidecar was stale
+        return tensors, state
+    tensors, state, intact = _read(path)
+    if intact is False:
+        raise bad
     return tensors, state
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from teachkit.engine.checkpoint import atomic_write, write_json
+from teachkit.errors import CheckpointError
 
 
 class RunLog:
@@ -27,9 +28,20 @@ class RunLog:
             self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def records(self) -> list[dict]:
+        """The epoch records; a last line cut short by a kill is dropped (the epoch's checkpoint was written
+        before its line, so resuming rewrites it), any other unreadable line is a CheckpointError."""
         if not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        lines = [line for line in self.path.read_text(errors="replace").splitlines() if line.strip()]
+        out = []
+        for i, line in enumerate(lines):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    break
+                raise CheckpointError(f"run log {str(self.path)!r} is corrupt at line {i + 1}") from None
+        return out
 
     def truncate(self, last_epoch: int) -> list[dict]:
         """Keep only epochs <= ``last_epoch`` (on resume after a crash mid-epoch)."""
