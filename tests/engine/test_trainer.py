@@ -8,7 +8,7 @@ from teachkit.data.base import TensorSplit
 from teachkit.engine import EVALUATORS, Callback, ClassificationEvaluator, EpochHooks, LoopConfig, OptimConfig, fit
 from teachkit.engine.checkpoint import load_checkpoint
 from teachkit.engine.syncs import HostSyncCounter
-from teachkit.errors import ConfigError, NonFiniteLossError
+from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
 from teachkit.recipes import train_model
 from teachkit.recipes.common import load_data
 from teachkit.types import Batch, Evaluator, StepOutput
@@ -259,3 +259,14 @@ def test_callbacks_run_around_each_epoch_in_order(tmp_path):
     fit(model, step, BatchLoader(TensorSplit(x, y), 8, shuffle=True, seed=0), OptimConfig(), ev, tmp_path / "cb",
         loop=LoopConfig(epochs=2, progress=False), callbacks=[hooks, Checker()])
     assert calls == [("start", 0), ("end", 1), ("checked", 1), ("start", 1), ("end", 2), ("checked", 2)]
+
+
+def test_resume_from_a_checkpoint_of_other_modules_is_a_one_line_error(tmp_path):
+    tiny_fit(tmp_path, "run", Scripted([{"acc": 1.0, "loss": 1.0}]), LoopConfig(epochs=1, progress=False))
+    other = torch.nn.Linear(3, 5)  # not the Linear(3, 2) the run folder was made with
+    batches = BatchLoader(TensorSplit(torch.zeros(8, 3), torch.zeros(8).long()), 8, shuffle=False, seed=0)
+    with pytest.raises(CheckpointError) as e:
+        fit(other, lambda b, p: None, batches, OptimConfig(), Scripted([{"acc": 1.0, "loss": 1.0}]), tmp_path / "run",
+            loop=LoopConfig(epochs=2, progress=False), resume=True)
+    assert "cannot resume from" in str(e.value) and "does not fit this run's model" in str(e.value)
+    assert "\n" not in str(e.value)

@@ -51,7 +51,7 @@ from teachkit.engine.checkpoint import (
 from teachkit.engine.optim import OptimConfig, build_optimizer
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
-from teachkit.errors import ConfigError, NonFiniteLossError
+from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
 from teachkit.options import Options, option
 from teachkit.types import Batch, BatchSource, Evaluator, Progress, StepOutput
 
@@ -238,9 +238,13 @@ class Trainer:
 
     def _resume(self) -> None:
         tensors, state = load_checkpoint(self.last_path)
-        for name, module in self.modules.items():
-            module.load_state_dict(strip(f"{name}/", tensors))
-        optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
+        try:
+            for name, module in self.modules.items():
+                module.load_state_dict(strip(f"{name}/", tensors))
+            optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
+        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: it does not fit this run's "
+                                  f"{' + '.join(self.modules)} ({str(e).splitlines()[0][:200]})") from None
         self.rng.load(tensors)
         self.epoch, self.best, self.wall_before = state["epoch"], state["best"], state.get("wall_time_s", 0.0)
         self.history = self.log.truncate(self.epoch)
