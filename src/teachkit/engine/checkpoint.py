@@ -83,8 +83,9 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], state: dict[st
     return digest
 
 
-def _read(path: Path) -> tuple[dict[str, Tensor], dict, bool | None]:
-    """(tensors, state, whether the content digest matches; None for files written without one)."""
+def _read(path: Path, verify: bool = True) -> tuple[dict[str, Tensor], dict, bool | None]:
+    """(tensors, state, whether the content digest matches; None for files written without one, or when
+    ``verify`` is False because the file's sha256 was already checked)."""
     try:
         tensors = load_file(str(path))
         with safe_open(str(path), framework="pt") as f:
@@ -94,7 +95,9 @@ def _read(path: Path) -> tuple[dict[str, Tensor], dict, bool | None]:
     except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({str(e).splitlines()[0]})") from None
     digest = meta.get(DIGEST_KEY)
-    return tensors, state, None if digest is None else digest == content_digest(state_json, tensors)
+    if not verify or digest is None:
+        return tensors, state, None
+    return tensors, state, digest == content_digest(state_json, tensors)
 
 
 def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple[dict[str, Tensor], dict]:
@@ -122,7 +125,7 @@ def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple
             raise bad
         write_json(sidecar, {**state, "file": path.name, "sha256": actual})  # the sidecar was stale
         return tensors, state
-    tensors, state, intact = _read(path)
+    tensors, state, intact = _read(path, verify=actual is None)  # a matching sha256 already vouches for it
     if intact is False:
         raise bad
     return tensors, state
