@@ -29,6 +29,7 @@ exactly the stream it would have alone (online and replay Pro-KD agree bit for b
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -232,6 +233,7 @@ class Trainer:
         self.samples_seen = 0
         self.train_time = 0.0
         self.extra_checkpoints: set[int] = set()
+        self.warnings: list[str] = []
         if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
             self._resume()
         self.t_start = time.perf_counter()
@@ -247,9 +249,18 @@ class Trainer:
                                   f"{' + '.join(self.modules)} ({str(e).splitlines()[0][:200]})") from None
         self.rng.load(tensors)
         self.epoch, self.best, self.wall_before = state["epoch"], state["best"], state.get("wall_time_s", 0.0)
+        self.warnings = [str(w) for w in state.get("warnings", []) or []]
         self.history = self.log.truncate(self.epoch)
         if self.trajectory is not None:
             self.trajectory.truncate(self.epoch)
+
+    def warn(self, message: str) -> None:
+        """Print ``warning: message`` on one line (stderr, also outside a terminal) and keep it for the
+        summary's ``warnings`` list (and across a resume); a message given twice is shown once."""
+        if message in self.warnings:
+            return
+        self.warnings.append(message)
+        tqdm.write(f"warning: {self.desc}: {message}", file=sys.stderr)
 
     @property
     def done(self) -> bool:
@@ -363,7 +374,8 @@ class Trainer:
         self.rng.capture()  # this trainer's stream as of now (inside its context)
         wall = self.wall_before + time.perf_counter() - self.t_start
         save_checkpoint(self.last_path, {**weights, **opt_tensors, **self.rng.tensors()},
-                        {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": wall})
+                        {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": wall,
+                         "warnings": list(self.warnings)})
         self.log.log(record)
         if loop.progress:
             tqdm.write(self._epoch_line(record))
@@ -388,6 +400,20 @@ class Trainer:
                 parts.append(f"{split} {value}" if m == "acc" else f"{split} {m} {value}")
         return "  ".join(parts) + f"  ({r['images_per_s']:.0f} img/s)"
 
+    def _warn_collapse(self, last: dict[str, Any], best: dict[str, Any]) -> None:
+        """Warn when the last epoch's selection metric is far worse than the best epoch's (a collapse that
+        the best-epoch figure would hide): by more than 10 points for a percentage, 10% relative otherwise."""
+        m = self.select_metric
+        now, top = last.get("val", {}).get(m), best.get("val", {}).get(m)
+        if now is None or top is None or not (math.isfinite(now) and math.isfinite(top)):
+            return
+        gap = (top - now) if self.maximise else (now - top)
+        limit = 10.0 if self.evaluator.is_percent(m) else 0.1 * max(abs(top), 1e-12)
+        if gap > limit:
+            self.warn(f"the last epoch's val {m} ({self.evaluator.format(m, now)}) is far "
+                      f"{'below' if self.maximise else 'above'} the best ({self.evaluator.format(m, top)} at epoch "
+                      f"{best['epoch']}): training collapsed or diverged late; the summary's best-epoch figures hide it")
+
     def finish(self, **extra_summary: Any) -> FitResult:
         """Write ``summary.json`` (last and best-on-val results, wall time, img/s) and close the logs.
 
@@ -398,6 +424,7 @@ class Trainer:
         last = self.history[-1] if self.history else {"epoch": self.epoch}
         nan = float("nan")
         best = self.best
+        self._warn_collapse(last, best)
         summary = {
             **self.meta,
             "epochs": self.loop.epochs,
@@ -414,6 +441,8 @@ class Trainer:
             "images_per_s": self.samples_seen / self.train_time if self.train_time else nan,
             **extra_summary,
         }
+        if self.warnings:
+            summary["warnings"] = list(self.warnings)
         self.log.summary(summary)
         self.log.close()
         return FitResult(summary, self.history)
