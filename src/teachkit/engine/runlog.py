@@ -59,7 +59,8 @@ class RunLog:
                     self.writer.add_scalar(key, value, record["epoch"])
                 elif isinstance(value, dict):
                     for k, v in value.items():
-                        self.writer.add_scalar(f"{key}/{k}", v, record["epoch"])
+                        if isinstance(v, (int, float)) and not isinstance(v, bool):
+                            self.writer.add_scalar(f"{key}/{k}", v, record["epoch"])
             self.writer.flush()
 
     def summary(self, summary: dict[str, Any]) -> None:

@@ -234,6 +234,9 @@ class Trainer:
         self.train_time = 0.0
         self.extra_checkpoints: set[int] = set()
         self.warnings: list[str] = []
+        #: recipe facts for the current epoch (phase, teacher epoch, temperature...), set by callbacks in
+        #: ``on_epoch_start``: shown on the epoch line and stored in its metrics record under ``info``
+        self.epoch_info: dict[str, Any] = {}
         if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
             self._resume()
         self.t_start = time.perf_counter()
@@ -281,6 +284,7 @@ class Trainer:
     def run_epoch(self) -> dict[str, Any]:
         """Train one epoch, evaluate, write checkpoints and the metrics line, then call the callbacks."""
         epoch = self.epoch
+        self.epoch_info = {}
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch)
         with self.rng:
@@ -361,6 +365,8 @@ class Trainer:
         record = {"epoch": epoch + 1, "lr": lr, "train": train,
                   **{k: v for k, v in means.items() if not k.startswith("train.")}, **results,
                   "epoch_time_s": epoch_time, "images_per_s": seen / max(1e-9, epoch_time)}
+        if self.epoch_info:
+            record["info"] = dict(self.epoch_info)
         self.history.append(record)
         weights = self.weights()
         state = {**self.meta, "epoch": epoch + 1, **{f"{s}_{k}": v for s, m in results.items() for k, v in m.items()}}
@@ -390,7 +396,9 @@ class Trainer:
         return value > best if self.maximise else value < best
 
     def _epoch_line(self, r: dict[str, Any]) -> str:
-        parts = [f"{self.desc} epoch {r['epoch']}/{self.loop.epochs}", f"loss {r['train']['loss']:.4f}"]
+        parts = [f"{self.desc} epoch {r['epoch']}/{self.loop.epochs}"]
+        parts += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in r.get("info", {}).items()]
+        parts.append(f"loss {r['train']['loss']:.4f}")
         if "train_acc" in r:
             parts.append(f"train {r['train_acc']:.1f}%")
         m = self.select_metric
