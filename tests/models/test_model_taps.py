@@ -103,7 +103,7 @@ def test_logits_only_registers_no_hooks(resnet20: nn.Module) -> None:
 def test_remove_and_stale_wrappers(resnet20: nn.Module) -> None:
     first = Tapped(resnet20, want=("stages",))
     second = Tapped(resnet20, want=("stages", "embedding"))
-    assert hook_count(resnet20) == 7
+    assert hook_count(resnet20) == 8  # 3 + 3 stages, the embedding (classifier input) and its output check
     assert len(second(torch.randn(1, 3, 32, 32)).stages) == 3
     assert first._records == {}  # the other wrapper's hooks do not record outside its own forward
     resnet20(torch.randn(1, 3, 32, 32))
@@ -148,7 +148,39 @@ def test_spec_from_dict_errors() -> None:
     with pytest.raises(ConfigError, match="unknown key model.taps.stage"):
         TapSpec.from_dict({"stage": ["layer1"]})
     with pytest.raises(ConfigError, match="model.taps.stages must be"):
-        TapSpec.from_dict({"stages": 3})
+        TapSpec.from_dict({"stages": 3.5})
+
+
+def test_sequential_indices_are_paths() -> None:
+    """YAML reads ``model.taps.embedding=3`` (an nn.Sequential index) as an int: it is the path "3"."""
+    spec = TapSpec.from_dict({"embedding": 3, "stages": [1, "2"], "extra": {"h": 1}})
+    assert spec.embedding == "3" and spec.stages == ("1", "2") and spec.extra == {"h": ("1", "output")}
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    taps = Tapped(net, spec, want=("embedding", "stages"))(torch.randn(2, 4))
+    assert taps.embedding.shape == (2, 5) and [t.shape for t in taps.stages] == [(2, 5), (2, 5)]
+
+
+def test_embedding_must_name_the_classifier() -> None:
+    """The embedding tap is the classifier's input; naming another module is one line, not a wrong feature."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    with pytest.raises(ConfigError, match=r"embedding='1' .* is not its classifier: its output has shape \(2, 5\), "
+                                          r"the logits \(2, 3\)"):
+        Tapped(net, TapSpec(embedding="1"), want=("embedding",))(torch.randn(2, 4))
+
+    class PairIn(nn.Module):
+        def forward(self, pair: tuple) -> torch.Tensor:
+            return pair[0]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = PairIn()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head((x, x))
+
+    with pytest.raises(ConfigError, match="model.taps.embedding has a tuple input, not a tensor"):
+        Tapped(Net(), TapSpec(embedding="head"), want=("embedding",))(torch.randn(2, 3))
 
 
 def test_module_that_did_not_run() -> None:
@@ -240,7 +272,7 @@ def test_structured_output_fields_and_mapping_inputs() -> None:
 
 @pytest.mark.parametrize("taps, match", [
     ({"extra": {"logits": "fc"}}, "'logits' is a built-in tap"),
-    ({"extra": {"a": 3}}, "model.taps.extra.a must be a module path"),
+    ({"extra": {"a": 3.5}}, "model.taps.extra.a must be a module path"),
     ({"extra": ["fc"]}, "model.taps.extra must be a mapping"),
     ({"logits": 1}, "model.taps.logits must be the name of an output field"),
 ])

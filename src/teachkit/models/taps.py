@@ -39,10 +39,16 @@ TAP_NAMES = ("logits", "embedding", "stages", "stages_pre")
 _SPEC_KEYS = ("embedding", "stages", "stages_pre", "extra", "logits")
 
 
+def _path_text(value: Any) -> Any:
+    """A module path as text: YAML reads an ``nn.Sequential`` index such as ``3`` as an int."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
 def _paths(value: Any, key: str) -> tuple[str, ...]:
     """A config value as a tuple of module paths (a lone string is one path, not its characters)."""
     if value is None:
         return ()
+    value = [_path_text(v) for v in value] if isinstance(value, (list, tuple)) else _path_text(value)
     if isinstance(value, str):
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
@@ -58,6 +64,7 @@ def _extra(value: Any) -> dict[str, tuple[str, str]]:
         raise ConfigError(f"model.taps.extra must be a mapping of name: module path; got {value!r}")
     out = {}
     for name, spec in value.items():
+        spec = _path_text(spec)
         if name in TAP_NAMES:
             raise ConfigError(f"model.taps.extra.{name}: {name!r} is a built-in tap; choose another name")
         if not isinstance(spec, str) or not spec:
@@ -83,7 +90,7 @@ class TapSpec:
         bad = sorted(set(d) - set(_SPEC_KEYS))
         if bad:
             raise ConfigError(f"unknown key model.taps.{bad[0]}; allowed: {', '.join(_SPEC_KEYS)}")
-        emb = d.get("embedding")
+        emb = _path_text(d.get("embedding"))
         if emb is not None and not isinstance(emb, str):
             raise ConfigError(f"model.taps.embedding must be one module path; got {emb!r}")
         logits = d.get("logits")
@@ -192,13 +199,16 @@ class Tapped(nn.Module):
                     outputs.append((mod, ("extra", name)))
         for mod, key, flat in inputs:
             self._handles.append(mod.register_forward_pre_hook(self._pre_hook(key, flat)))
+        if "embedding" in self.want:  # the classifier's output, to check that it is the logits
+            outputs.append((modules[self.spec.embedding], ("classifier", 0)))
         for mod, key in outputs:
             self._handles.append(mod.register_forward_hook(self._hook(key)))
 
     def _pre_hook(self, key: tuple[str, Any], flatten: bool) -> Callable[[nn.Module, tuple], None]:
         def hook(_mod: nn.Module, args: tuple) -> None:
             if self._active and args:
-                self._records[key] = torch.flatten(args[0], 1) if flatten else args[0]
+                value = args[0]
+                self._records[key] = torch.flatten(value, 1) if flatten and isinstance(value, Tensor) else value
         return hook
 
     def _hook(self, key: tuple[str, Any]) -> Callable[[nn.Module, tuple, Any], None]:
@@ -224,6 +234,12 @@ class Tapped(nn.Module):
             for i, p in enumerate(paths):
                 if (tap, i) not in rec:
                     raise ConfigError(f"module {p!r} named in model.taps.{tap} did not run in the forward pass")
+                what = "input" if tap == "embedding" else "output"
+                if not isinstance(rec[(tap, i)], Tensor):
+                    raise ConfigError(f"module {p!r} named in model.taps.{tap} has a {type(rec[(tap, i)]).__name__} "
+                                      f"{what}, not a tensor")
+            if tap == "embedding":
+                self._check_classifier(rec.get(("classifier", 0)), logits)
             return [rec[(tap, i)] for i in range(len(paths))]
 
         extra: dict[str, Any] = {}
@@ -242,6 +258,16 @@ class Tapped(nn.Module):
                                   "model's output")
         emb = collect("embedding")
         return Taps(logits, emb[0] if emb else None, collect("stages"), collect("stages_pre"), extra)
+
+    def _check_classifier(self, out: Any, logits: Tensor) -> None:
+        """The ``embedding`` tap names the classifier: the module whose output is the logits, so that its
+        input is the penultimate feature. Anything else is a one-line error naming the module."""
+        if isinstance(out, Tensor) and tuple(out.shape) == tuple(logits.shape):
+            return
+        got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else f"a {type(out).__name__}"
+        raise ConfigError(f"model.taps.embedding={self.spec.embedding!r} of model {self.name} is not its classifier: "
+                          f"its output has {got}, the logits {tuple(logits.shape)}; name the module that maps the "
+                          "penultimate feature to the logits (e.g. 'fc' or 'head')")
 
     def remove(self) -> None:
         for h in self._handles:

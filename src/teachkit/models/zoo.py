@@ -1,7 +1,15 @@
-"""The model registry, :func:`build_model` and the shared input-shape / option checks."""
+"""The model registry, :func:`build_model` and the shared input-shape / option checks.
+
+``model.name`` is a registered name (``teachkit list models``) or an import path
+``"package.module:factory"``: any importable callable returning an ``nn.Module`` (a class or a function).
+The factory receives ``model.options`` as keyword arguments, plus ``input_shape`` (per sample, no batch
+dim) and ``num_classes`` when its signature names them (or takes ``**kwargs``). Only the named module is
+imported; nothing written in a config is executed.
+"""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,16 +38,80 @@ class ModelConfig(Options):
     taps: dict[str, Any] = option(factory=dict)
 
     def validate(self) -> None:
-        MODELS.entry(self.name)  # unknown names: one line with did-you-mean
+        if is_import_path(self.name):
+            import_factory(self.name)
+        else:
+            MODELS.entry(self.name)  # unknown names: one line with did-you-mean
         if self.taps:
             TapSpec.from_dict(self.taps)
 
 
 def make_model(cfg: ModelConfig, input_shape: Sequence[int], num_classes: int) -> nn.Module:
     """Build ``cfg``'s model for ``input_shape`` / ``num_classes``, with ``cfg.taps`` as its tap spec."""
+    for key in ("name", "input_shape", "num_classes"):
+        if key in cfg.options:
+            raise ConfigError(f"model.options.{key} is set by teachkit (from the data or model.name); remove it")
     model = build_model(cfg.name, input_shape, num_classes, **cfg.options)
     if cfg.taps:
         model.tap_spec = TapSpec.from_dict(cfg.taps)
+    return model
+
+
+def is_import_path(name: object) -> bool:
+    """True for ``"package.module:factory"`` model names (a registered name has no colon)."""
+    return isinstance(name, str) and ":" in name
+
+
+def import_factory(path: str) -> Callable[..., Any]:
+    """The callable ``"package.module:attr"`` names (``attr`` may be dotted), imported; else a ConfigError."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ConfigError(f"model.name {path!r} must be a registered model or 'package.module:factory'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any import failure of user code is one line
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ConfigError(f"model.name {path!r}: cannot import module {module_name!r} ({reason})") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"model.name {path!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"model.name {path!r}: {attr!r} is a {type(obj).__name__}, not a callable returning "
+                          "an nn.Module")
+    return obj
+
+
+def build_from_factory(path: str, input_shape: Sequence[int], num_classes: int, **options: Any) -> nn.Module:
+    """Call the factory ``path`` names with ``options`` (and ``input_shape`` / ``num_classes`` when it takes
+    them); a factory that refuses its options or returns no ``nn.Module`` is a one-line ConfigError."""
+    factory = import_factory(path)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = dict(options)
+    for key, value in (("input_shape", tuple(input_shape)), ("num_classes", num_classes)):
+        if key in options:
+            raise ConfigError(f"model.options.{key} is set by teachkit from the data; remove it")
+        if key in params or var_kw:
+            kwargs[key] = value
+    allowed = [n for n, p in params.items() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                          inspect.Parameter.KEYWORD_ONLY)]
+    if params and not var_kw:
+        for key in options:
+            if key not in allowed:
+                shown = [n for n in allowed if n not in ("input_shape", "num_classes")]
+                raise ConfigError(f"model {path!r} has no option {key!r}{closest(key, shown)}; "
+                                  f"allowed: {', '.join(shown) if shown else '(none)'}")
+    try:
+        model = factory(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"model {path!r} could not be built with options {options!r}: "
+                          f"{str(e).splitlines()[0][:200]}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model {path!r} returned a {type(model).__name__}, not an nn.Module")
     return model
 
 
@@ -74,8 +146,9 @@ def check_input(model: str, input_shape: Sequence[int], layout: str, min_size: i
 
 
 def check_classes(model: str, num_classes: Any) -> int:
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ConfigError(f"model {model!r} needs num_classes >= 2; got {num_classes!r}")
+    """``num_classes`` is the model's output width: classes, or targets of a regression (>= 1)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ConfigError(f"model {model!r} needs num_classes (its output width) >= 1; got {num_classes!r}")
     return num_classes
 
 
@@ -96,8 +169,15 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     """Build the registered model ``name`` for per-sample ``input_shape`` and ``num_classes``.
 
     Unknown option names, missing required options, input shapes the model cannot take and
-    ``num_classes < 2`` are one-line :class:`ConfigError`s. The model carries ``model.tap_spec``.
+    ``num_classes < 1`` are one-line :class:`ConfigError`s. ``name`` may be ``"package.module:factory"``.
+    A model whose builder gave it no ``tap_spec`` gets an empty one (logits only; ``model.taps`` adds more).
     """
+    if is_import_path(name):
+        dims = input_shape_of(input_shape, name)
+        model = build_from_factory(name, dims, num_classes, **options)
+        if getattr(model, "tap_spec", None) is None:
+            model.tap_spec = TapSpec()
+        return model
     builder = MODELS.get(name)
     allowed, var_kw = option_names(builder)
     if not var_kw:
@@ -114,8 +194,10 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     dims = input_shape_of(input_shape, name)
     check_classes(name, num_classes)
     model = builder(dims, num_classes, **options)
-    if not hasattr(model, "tap_spec"):
-        raise TypeError(f"model builder {name!r} returned a module without a tap_spec")
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model {name!r} returned a {type(model).__name__}, not an nn.Module")
+    if getattr(model, "tap_spec", None) is None:  # a plain user module: logits only unless model.taps says more
+        model.tap_spec = TapSpec()
     return model
 
 
