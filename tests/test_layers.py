@@ -2,7 +2,7 @@
 imports inside functions), not from what happens to be loaded at run time.
 
     errors < registry < options, types < data < models < losses < engine < tasks < config < recipes
-    < experiments < cli
+    < experiments < cli, api
 
 (the package root ``teachkit/__init__.py`` sits above everything: importing ``teachkit`` registers it all).
 """
@@ -31,6 +31,7 @@ LAYERS = [
     ("teachkit.recipes", 9),
     ("teachkit.experiments", 10),
     ("teachkit.cli", 11),
+    ("teachkit.api", 11),
     ("teachkit", 12),  # the package root
 ]
 

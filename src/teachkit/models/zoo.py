@@ -40,6 +40,10 @@ class ModelConfig(Options):
     def validate(self) -> None:
         if is_import_path(self.name):
             import_factory(self.name)
+        elif self.name.endswith("@python") and self.name not in {e.name for e in MODELS.entries()}:
+            raise ConfigError(f"model {self.name!r} was given as a Python object (teachkit.train / distill / run) "
+                              "in another process; load the run with teachkit.load(...) there, or name the "
+                              "model as 'package.module:factory' so that any process can rebuild it")
         else:
             MODELS.entry(self.name)  # unknown names: one line with did-you-mean
         if self.taps:
@@ -83,9 +87,14 @@ def import_factory(path: str) -> Callable[..., Any]:
 
 
 def build_from_factory(path: str, input_shape: Sequence[int], num_classes: int, **options: Any) -> nn.Module:
-    """Call the factory ``path`` names with ``options`` (and ``input_shape`` / ``num_classes`` when it takes
-    them); a factory that refuses its options or returns no ``nn.Module`` is a one-line ConfigError."""
-    factory = import_factory(path)
+    """Import the factory ``path`` names and build it (:func:`call_factory`)."""
+    return call_factory(import_factory(path), path, input_shape, num_classes, options)
+
+
+def call_factory(factory: Callable[..., Any], label: str, input_shape: Sequence[int], num_classes: int,
+                 options: dict[str, Any]) -> nn.Module:
+    """Call ``factory`` with ``options`` (and ``input_shape`` / ``num_classes`` when it takes them); a factory
+    that refuses its options or returns no ``nn.Module`` is a one-line ConfigError naming ``label``."""
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -103,15 +112,15 @@ def build_from_factory(path: str, input_shape: Sequence[int], num_classes: int, 
         for key in options:
             if key not in allowed:
                 shown = [n for n in allowed if n not in ("input_shape", "num_classes")]
-                raise ConfigError(f"model {path!r} has no option {key!r}{closest(key, shown)}; "
+                raise ConfigError(f"model {label!r} has no option {key!r}{closest(key, shown)}; "
                                   f"allowed: {', '.join(shown) if shown else '(none)'}")
     try:
         model = factory(**kwargs)
     except TypeError as e:
-        raise ConfigError(f"model {path!r} could not be built with options {options!r}: "
+        raise ConfigError(f"model {label!r} could not be built with options {options!r}: "
                           f"{str(e).splitlines()[0][:200]}") from None
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"model {path!r} returned a {type(model).__name__}, not an nn.Module")
+        raise ConfigError(f"model {label!r} returned a {type(model).__name__}, not an nn.Module")
     return model
 
 
