@@ -222,3 +222,14 @@ def test_codecs_only_for_latin1(tmp_path: Path) -> None:
     bad = ok.replace(b"X\x06\x00\x00\x00latin1", b"X\x0a\x00\x00\x00zlib_codec")
     with pytest.raises(DataError, match="bad: refusing _codecs.encode with encoding 'zlib_codec'"):
         safe_load(bad, "bad")
+
+
+@pytest.mark.parametrize("sub", ["cifar-10-batches-py", ""])
+def test_folder_missing_test_batch_names_it(tmp_path: Path, sub: str) -> None:
+    files = cifar10_files()
+    del files["test_batch"]
+    write_folder(tmp_path / sub if sub else tmp_path / "x", files)
+    root = tmp_path if sub else tmp_path / "x"
+    with pytest.raises(DataError, match=r"lacks test_batch \(expected data_batch_1.*test_batch\)") as e:
+        DATASETS.get("cifar10")(str(root))
+    assert "\n" not in str(e.value)

@@ -129,3 +129,14 @@ def test_wrong_magic_count_mismatch_and_bad_labels(tmp_path: Path) -> None:
                                                                   0x00000803))
     with pytest.raises(DataError, match="27x28, expected 28x28"):
         DATASETS.get("mnist")(str(tmp_path))
+
+
+@pytest.mark.parametrize("dims", [(2**31, 2**31, 4), (2**32 - 1, 2**32 - 1, 2**32 - 1), (2**32 - 1, 28, 28)])
+def test_header_dims_that_overflow_are_one_line_errors(tmp_path: Path, dims: tuple[int, ...]) -> None:
+    # 2^31 * 2^31 * 4 = 2^64 wraps to 0 in int64: a file with no data once passed the size check
+    write_mnist(tmp_path, make_arrays(), gz=False)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(struct.pack(">4I", 0x00000803, *dims))
+    with pytest.raises(DataError, match=r"train-images-idx3-ubyte.*truncated: header says") as e:
+        DATASETS.get("mnist")(str(tmp_path))
+    assert "\n" not in str(e.value)

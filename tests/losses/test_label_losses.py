@@ -48,8 +48,8 @@ def test_mse_minimiser_is_the_class_probability():
     assert z.softmax(1)[0, 0].item() == pytest.approx(0.7, abs=1e-3)
 
 
-def test_registry_has_three_objectives():
-    assert set(OBJECTIVES.names()) == {"ce", "mse", "mse-logits"}
+def test_registry_has_the_label_objectives():
+    assert set(OBJECTIVES.names()) == {"ce", "mse", "mse-logits", "l2"}
 
 
 def test_dtypes_at_least_float32_and_float64_kept():

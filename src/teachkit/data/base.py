@@ -14,7 +14,8 @@ __all__ = ["Batch", "Splits", "TensorSplit"]
 
 @dataclass
 class TensorSplit:
-    """One split held as tensors: ``x`` float32 (N, *input_shape), ``y`` int64 (N,)."""
+    """One split held as tensors: ``x`` float32 (N, *input_shape), ``y`` int64 (N,) class ids, or float32
+    (N,) / (N, d) regression targets."""
 
     x: Tensor
     y: Tensor
@@ -30,9 +31,10 @@ class TensorSplit:
 class Splits:
     """Train / val / test splits of one dataset, normalised with train statistics.
 
-    ``val`` is a fixed, seeded, class-stratified slice carved from the training data; model
-    selection and early stopping read it, never ``test``. ``task`` names the evaluator that measures
-    models on it (``classification``); ``default_augment`` is the augmentation ``data.augment=auto``
+    ``val`` is the source's own val split or a fixed, seeded, class-stratified slice carved from the
+    training data; model selection and early stopping read it, never ``test``. ``task`` names the
+    evaluator that measures models on it (``classification``, ``binary``, ``regression``: float targets,
+    ``num_classes`` = output width); ``default_augment`` is the augmentation ``data.augment=auto``
     picks. ``mean`` / ``std`` (shape (C,), channel = dim 1 of ``x``) are the statistics every split was
     normalised with; ``None`` when not normalised.
     ``omitted`` lists classes removed from ``train`` only (zero-/few-shot KD).

@@ -137,6 +137,12 @@ def _read_files(root: Path, spec: CifarSpec) -> list[tuple[bytes, str]]:
             return [((folder / n).read_bytes(), repr(str(folder / n))) for n in names]
     archive = root / spec.archive
     if not archive.is_file():
+        for folder in (root / spec.folder, root):
+            missing = [n for n in names if not (folder / n).is_file()]
+            if len(missing) < len(names):
+                raise DataError(f"dataset {spec.name!r}: {str(folder)!r} lacks {', '.join(missing)} (expected "
+                                f"{', '.join(names)}) and {spec.archive} is not in {str(root)!r}; download the "
+                                f"python version from {CIFAR_URL}")
         raise DataError(f"dataset {spec.name!r}: neither {spec.archive} nor the extracted folder "
                         f"{spec.folder}/ found in {str(root)!r}; download the python version from "
                         f"{CIFAR_URL}")

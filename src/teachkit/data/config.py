@@ -15,13 +15,16 @@ from teachkit.options import Options, option
 class DataConfig(Options):
     """Which dataset (``name``, files under ``root``, source ``options``), how it is split (``val_fraction``
     of the training data, seeded by ``split_seed``; the student's transfer set: ``train_subset``,
-    ``omit_classes``, ``few_shot``), batched and augmented."""
+    ``omit_classes``, ``few_shot``, drawn with ``subset_seed`` when set, else with the split generator after
+    carving), batched and augmented."""
 
     name: str = "digits"
     root: str | None = None
     val_fraction: float = option(0.1, gt=0.0, lt=1.0)
     split_seed: int = 0
     train_subset: int | None = None
+    #: seeds the student's transfer-set draws (``train_subset``, ``few_shot``); None: the split generator
+    subset_seed: int | None = None
     omit_classes: list[int] = option(factory=list)
     few_shot: int = option(0, ge=0)
     augment: Literal["auto", "none", "crop", "flip", "crop_flip"] = "auto"
@@ -37,7 +40,7 @@ class DataConfig(Options):
 
     def full(self) -> DataConfig:
         """The same data without the student's transfer-set options: what a teacher trains on."""
-        return dataclasses.replace(self, train_subset=None, omit_classes=[], few_shot=0)
+        return dataclasses.replace(self, train_subset=None, subset_seed=None, omit_classes=[], few_shot=0)
 
     @property
     def reduced(self) -> bool:

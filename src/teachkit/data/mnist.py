@@ -8,6 +8,7 @@ then ``ndim`` big-endian uint32 dimension sizes, then the data in row-major orde
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -70,7 +71,7 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
     if len(blob) < header:
         raise DataError(f"{str(path)!r} is truncated: {len(blob)} bytes, header needs {header}")
     dims = struct.unpack(f">{ndim}I", blob[4:header])
-    expected = int(np.prod(dims, dtype=np.int64))
+    expected = math.prod(dims)  # Python ints: a forged header cannot overflow (np.prod wraps around)
     have = len(blob) - header
     if have != expected:
         what = "truncated" if have < expected else "corrupt (trailing bytes)"

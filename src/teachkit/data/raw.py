@@ -20,12 +20,19 @@ from torch import Tensor
 from teachkit.errors import ConfigError, DataError
 from teachkit.registry import Registry, closest
 
+#: the task whose targets are real values (float32 ``y``); every other task has int64 class ids
+REGRESSION = "regression"
+
 
 @dataclass
 class RawDataset:
     """Tensors as a source provides them: ``*_x`` float32 (N, *shape) in [0, 1] or standardised,
-    ``*_y`` int64 (N,). ``test_x`` / ``test_y`` are ``None`` when the source has no official test split
-    (one is then carved by :func:`teachkit.data.load_splits`)."""
+    ``*_y`` int64 (N,) class ids in ``0..num_classes-1``. ``test_x`` / ``test_y`` are ``None`` when the source
+    has no official test split, ``val_x`` / ``val_y`` when it has no official val split (each is then carved
+    by :func:`teachkit.data.load_splits`).
+
+    With ``task="regression"`` the targets are float32 (N,) (one output, ``num_classes=1``) or (N, d)
+    (``num_classes=d``, the model's output width)."""
 
     train_x: Tensor
     train_y: Tensor
@@ -36,28 +43,53 @@ class RawDataset:
     #: what the targets are (``classification``: int64 class ids); names the evaluator that measures models
     task: str = "classification"
     name: str = ""
+    val_x: Tensor | None = None
+    val_y: Tensor | None = None
+
+    def parts(self) -> list[tuple[str, Tensor, Tensor]]:
+        """(name, x, y) of each split the source gives: train, then val and test when present."""
+        parts = [("train", self.train_x, self.train_y)]
+        for part, x, y in (("val", self.val_x, self.val_y), ("test", self.test_x, self.test_y)):
+            if x is not None and y is not None:
+                parts.append((part, x, y))
+        return parts
 
     def validate(self) -> None:
         """DataError unless shapes, dtypes and label ranges are consistent."""
         who = f"dataset {self.name!r}" if self.name else "dataset"
-        if (self.test_x is None) != (self.test_y is None):
-            raise DataError(f"{who}: test_x and test_y must both be given or both be None")
-        parts = [("train", self.train_x, self.train_y)]
-        if self.test_x is not None and self.test_y is not None:
-            parts.append(("test", self.test_x, self.test_y))
-        for part, x, y in parts:
+        for part, x, y in (("val", self.val_x, self.val_y), ("test", self.test_x, self.test_y)):
+            if (x is None) != (y is None):
+                raise DataError(f"{who}: {part}_x and {part}_y must both be given or both be None")
+        for part, x, y in self.parts():
             if x.dim() < 2 or not x.is_floating_point():
                 raise DataError(f"{who}: {part} inputs must be float (N, ...), "
                                 f"got {x.dtype} {tuple(x.shape)}")
-            if y.dim() != 1 or y.dtype != torch.int64 or y.shape[0] != x.shape[0]:
-                raise DataError(f"{who}: {part} labels must be int64 ({x.shape[0]},), "
-                                f"got {y.dtype} {tuple(y.shape)}")
-            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
-                raise DataError(f"{who}: {part} labels must lie in 0..{self.num_classes - 1}, "
-                                f"found {int(y.min())}..{int(y.max())}")
+            if self.task == REGRESSION:
+                self._check_real_targets(who, part, x, y)
+            else:
+                self._check_class_ids(who, part, x, y)
             if x.shape[1:] != self.train_x.shape[1:]:
-                raise DataError(f"{who}: test inputs {tuple(x.shape[1:])} differ from train "
+                raise DataError(f"{who}: {part} inputs {tuple(x.shape[1:])} differ from train "
                                 f"{tuple(self.train_x.shape[1:])}")
+
+    def _check_class_ids(self, who: str, part: str, x: Tensor, y: Tensor) -> None:
+        if y.dim() != 1 or y.dtype != torch.int64 or y.shape[0] != x.shape[0]:
+            hint = f" (real-valued targets need task {REGRESSION!r})" if y.is_floating_point() else ""
+            raise DataError(f"{who}: {part} labels must be int64 ({x.shape[0]},), "
+                            f"got {y.dtype} {tuple(y.shape)}{hint}")
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+            raise DataError(f"{who}: {part} labels must lie in 0..{self.num_classes - 1}, "
+                            f"found {int(y.min())}..{int(y.max())}")
+
+    def _check_real_targets(self, who: str, part: str, x: Tensor, y: Tensor) -> None:
+        width = 1 if y.dim() == 1 else int(y.shape[-1])
+        if (y.dtype != torch.float32 or y.dim() not in (1, 2) or y.shape[0] != x.shape[0]
+                or width != self.num_classes):
+            shape = f"({x.shape[0]},)" if self.num_classes == 1 else f"({x.shape[0]}, {self.num_classes})"
+            raise DataError(f"{who}: {part} regression targets must be float32 {shape}, "
+                            f"got {y.dtype} {tuple(y.shape)}")
+        if not bool(torch.isfinite(y).all()):
+            raise DataError(f"{who}: {part} regression targets contain NaN or infinite values")
 
 
 class Source(Protocol):

@@ -3,12 +3,18 @@
 Order of operations (each step draws from one CPU generator seeded with ``split_seed``):
 
 1. sources without an official test split get a stratified 20% test split;
-2. a stratified ``val_fraction`` of the remaining training data becomes ``val``;
+2. sources without an official val split: a stratified ``val_fraction`` of the remaining training data
+   becomes ``val``;
 3. ``train_subset`` (optional) keeps a stratified subset of what is left -- carved last, so ``val`` and
-   ``test`` hold the same samples whatever the subset;
+   ``test`` hold the same samples whatever the subset; with ``subset_seed`` set, the subset (and the
+   ``few_shot`` draw) comes from its own generator seeded by it, so that it varies while val, test and the
+   training pool stay fixed;
 4. per-channel mean/std (channel = dim 1 of ``x``) are computed on the training split of step 2, i.e.
    before the subset, and applied to all splits: a student trained on a subset sees inputs normalised
    exactly as its teacher (trained on the full split) did, and val/test tensors do not depend on it.
+
+Regression targets (task ``regression``, float ``y``) have no classes: steps 1-3 draw uniformly at random
+instead (same generator, same sizes), and ``omit_classes`` is refused.
 
 Per-class counts use largest-remainder (Hamilton) apportionment with exact rational arithmetic, so each
 class gets floor or ceil of its share and the total is exact.
@@ -25,7 +31,7 @@ from torch import Tensor
 
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.config import DataConfig
-from teachkit.data.raw import load_raw
+from teachkit.data.raw import REGRESSION, load_raw
 from teachkit.errors import ConfigError, DataError
 from teachkit.options import from_mapping
 
@@ -142,7 +148,8 @@ def omit_from_transfer_set(train: TensorSplit, omit_classes: list[int], few_shot
 
 def load_splits(name: str | DataConfig, root: str | None = None, val_fraction: float = 0.1, split_seed: int = 0,
                 train_subset: int | None = None, options: dict[str, Any] | None = None,
-                omit_classes: list[int] | tuple[int, ...] = (), few_shot: int = 0) -> Splits:
+                omit_classes: list[int] | tuple[int, ...] = (), few_shot: int = 0,
+                subset_seed: int | None = None) -> Splits:
     """Dataset ``name`` as normalised train / val / test splits (see the module docstring).
 
     ``name`` may be a whole :class:`DataConfig`; otherwise the arguments are validated as the ``data``
@@ -153,45 +160,85 @@ def load_splits(name: str | DataConfig, root: str | None = None, val_fraction: f
         return splits_for(name)
     cfg = from_mapping(DataConfig, {"name": name, "root": root, "val_fraction": val_fraction, "split_seed": split_seed,
                                     "train_subset": train_subset, "options": options or {},
-                                    "omit_classes": list(omit_classes), "few_shot": few_shot}, "data")
+                                    "omit_classes": list(omit_classes), "few_shot": few_shot,
+                                    "subset_seed": subset_seed}, "data")
     return splits_for(cfg)
 
 
+def random_fraction(n: int, fraction: Fraction, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(rest, taken): sorted positions of ``n`` samples, round(fraction * n) of them taken at random (at least
+    one on each side when n >= 2). The carving of regression targets, which have no classes to stratify by."""
+    total = math.floor(fraction * n + Fraction(1, 2))
+    if n >= 2:
+        total = min(max(total, 1), n - 1)
+    perm = torch.randperm(n, generator=generator)
+    return torch.sort(perm[total:]).values, torch.sort(perm[:total]).values
+
+
+def random_subset(n: int, size: int, generator: torch.Generator) -> Tensor:
+    """Sorted positions of ``size`` of ``n`` samples drawn at random (regression's ``train_subset``)."""
+    return torch.sort(torch.randperm(n, generator=generator)[:size]).values
+
+
 def splits_for(cfg: DataConfig) -> Splits:
-    """The splits a validated ``data`` section describes (a teacher uses ``cfg.full()``)."""
+    """The splits a validated ``data`` section describes (a teacher uses ``cfg.full()``).
+
+    A source's own val and test splits are kept; missing ones are carved (stratified by class, or at random
+    for regression targets). ``val_fraction`` is unused when the source gives a val split.
+    """
     name, val_fraction, train_subset = cfg.name, cfg.val_fraction, cfg.train_subset
     raw = load_raw(name, cfg.root, cfg.options)
-    k, default_augment = raw.num_classes, raw.default_augment
+    k, default_augment, task = raw.num_classes, raw.default_augment, raw.task
+    regression = task == REGRESSION
     g = torch.Generator().manual_seed(cfg.split_seed)
 
+    def carve(y: Tensor, fraction: Fraction) -> tuple[Tensor, Tensor]:
+        if regression:
+            return random_fraction(len(y), fraction, g)
+        return stratified_fraction(y, k, fraction, g)
+
     x, y = raw.train_x, raw.train_y
+    given_val = None if raw.val_x is None or raw.val_y is None else TensorSplit(raw.val_x, raw.val_y)
     if raw.test_x is None or raw.test_y is None:
-        if len(y) < 3:
-            raise DataError(f"dataset {name!r} has {len(y)} samples, too few to carve test and val splits")
-        rest, held = stratified_fraction(y, k, TEST_FRACTION, g)
+        if len(y) < (2 if given_val else 3):
+            carved = "a test split" if given_val else "test and val splits"
+            raise DataError(f"dataset {name!r} has {len(y)} samples, too few to carve {carved}")
+        rest, held = carve(y, TEST_FRACTION)
+        if len(held) == 0:
+            raise DataError(f"dataset {name!r}: carving 20% of {len(y)} training samples as test leaves an "
+                            "empty test split (too few samples per class); give a test split")
         test = TensorSplit(x[held], y[held])
         x, y = x[rest], y[rest]
     else:
         test = TensorSplit(raw.test_x, raw.test_y)
-    if len(y) < 2:
-        raise DataError(f"dataset {name!r} has {len(y)} training samples, too few to carve a val split")
-    rest, held = stratified_fraction(y, k, Fraction(val_fraction), g)
-    if len(held) == 0:
-        raise DataError(f"dataset {name!r}: val_fraction={val_fraction} of {len(y)} training samples "
-                        "leaves an empty val split")
-    val = TensorSplit(x[held], y[held])
-    train = TensorSplit(x[rest], y[rest])
-    task = raw.task
+    if given_val is not None:
+        val, train = given_val, TensorSplit(x, y)
+    else:
+        if len(y) < 2:
+            raise DataError(f"dataset {name!r} has {len(y)} training samples, too few to carve a val split")
+        rest, held = carve(y, Fraction(val_fraction))
+        if len(held) == 0:
+            raise DataError(f"dataset {name!r}: val_fraction={val_fraction} of {len(y)} training samples "
+                            "leaves an empty val split")
+        val = TensorSplit(x[held], y[held])
+        train = TensorSplit(x[rest], y[rest])
     del x, y, raw
 
     mean, std = channel_stats(train.x)
+    # the student's transfer set: its own generator when subset_seed is set, else the split generator
+    sg = g if cfg.subset_seed is None else torch.Generator().manual_seed(cfg.subset_seed)
     if train_subset is not None:
         if not 1 <= train_subset <= len(train):
             raise ConfigError(f"train_subset={train_subset} is out of range: the {name!r} train split holds "
                               f"{len(train)} samples, so choose 1..{len(train)}")
-        train = train.subset(stratified_subset(train.y, k, train_subset, g))
+        idx = random_subset(len(train), train_subset, sg) if regression else \
+            stratified_subset(train.y, k, train_subset, sg)
+        train = train.subset(idx)
     if cfg.omit_classes:
-        train = omit_from_transfer_set(train, list(cfg.omit_classes), cfg.few_shot, k, g, name)
+        if regression:
+            raise ConfigError(f"data.omit_classes needs class labels, but dataset {name!r} has task "
+                              f"{REGRESSION!r} (real-valued targets)")
+        train = omit_from_transfer_set(train, list(cfg.omit_classes), cfg.few_shot, k, sg, name)
 
     splits = [TensorSplit(normalise(s.x, mean, std), s.y) for s in (train, val, test)]
     return Splits(name, *splits, num_classes=k, default_augment=default_augment, task=task,

@@ -1,0 +1,120 @@
+"""Bad user data through the CLI: every row is one line on stderr, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from teachkit.cli import main
+from tests.conftest import tiny_config
+
+CSV = "f,g,label\n" + "".join(f"{i},{i % 3},{'ab'[i % 2]}\n" for i in range(10))
+REG = "f,y\n" + "".join(f"{i},{i * 0.5}\n" for i in range(10))
+X, Y = np.zeros((5, 2)), np.arange(5) % 2
+
+
+def source(name: str, **options: Any) -> dict[str, Any]:
+    """A data section for source ``name`` with ``options`` (root: the test's data folder)."""
+    return {"name": name, "options": options}
+
+
+def png() -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write(root: Path, files: dict[str, Any]) -> None:
+    """Text, bytes, a dict of arrays (-> .npz), a tensor dict (-> .pt), an array (-> .npy), or None (a folder)."""
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            path.mkdir(exist_ok=True)
+        elif isinstance(content, str):
+            path.write_text(content)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        elif name.endswith(".pt"):
+            torch.save(content, path)
+        elif isinstance(content, dict):
+            np.savez(path, **content)
+        else:
+            np.save(path, content)
+
+
+ROWS = [
+    # (files under root, data section (root = tmp folder unless given), extra overrides, expected fragment)
+    ({}, {"name": "csv", "options": {"train": "nope.csv"}}, [], "file 'nope.csv' of option 'train' not found"),
+    ({"t.csv": "f,g\n1,2\n"}, {"name": "csv", "options": {"train": "t.csv"}}, [], "has no label column 'label'"),
+    ({"t.csv": "color,label\nred,1\nblue,0\n"}, {"name": "csv", "options": {"train": "t.csv", "features": ["color"]}},
+     [], "feature column 'color' is not numeric"),
+    ({"t.csv": "f,label\n"}, {"name": "csv", "options": {"train": "t.csv"}}, [], "has no rows"),
+    ({"t.csv": ""}, {"name": "csv", "options": {"train": "t.csv"}}, [], "is empty (no header row)"),
+    ({"u.csv": "f,label,split\n1,a,train\n2,b,valid\n"},
+     {"name": "csv", "options": {"train": "u.csv"}}, [], "holds 'valid' (row 2); allowed values: train, val, test"),
+    ({"t.csv": CSV}, {"name": "csv", "options": {"train": "t.csv", "split_column": "fold"}}, [],
+     "has no split column 'fold'"),
+    ({"t.csv": "f,label\n1,0.5\n2,1\n3,0\n"}, {"name": "csv", "options": {"train": "t.csv"}}, [],
+     "non-class value 0.5"),
+    ({"t.csv": CSV}, {"name": "csv", "options": {"train": "t.csv", "task": "ranking"}}, [],
+     "option 'task' must be one of classification, binary, regression, got 'ranking'"),
+    ({"t.csv": "f,label\n1,a\n,b\n3,a\n"}, {"name": "csv", "options": {"train": "t.csv"}}, [],
+     "feature column 'f' has 1 missing values"),
+    ({"t.csv": CSV}, {"name": "csv", "options": {"train": "t.csv", "lable": "g"}}, [],
+     "unknown option 'lable' for dataset 'csv' (did you mean 'label'?)"),
+    ({"t.csv": CSV, "test.csv": "f,g,label\n1,2,c\n"}, source("csv", train="t.csv", test="test.csv"), [],
+     "class 'c' appears in test but not in train"),
+    ({}, {"name": "csv"}, [], "needs option 'train'"),
+    ({"t.parquet": b"PAR1 not really"}, {"name": "parquet", "options": {"train": "t.parquet"}}, [], "cannot read"),
+    ({"d.npz": {"x": X}}, {"name": "arrays", "options": {"train": "d.npz"}}, [], "has no array 'y'"),
+    ({"x.npy": X}, {"name": "arrays", "options": {"train": "x.npy"}}, [], "a .npy file holds one array"),
+    ({"d.npz": {"x": np.array([{"a": 1}] * 5, dtype=object), "y": Y}}, source("arrays", train="d.npz"), [],
+     "cannot read"),
+    ({"d.pt": [1, 2]}, source("arrays", train="d.pt"), [], "holds a list, expected a dict of tensors"),
+    ({"d.pt": b"garbage"}, {"name": "arrays", "options": {"train": "d.pt"}}, [], "as a dict of tensors"),
+    ({"d.npz": {"x": X, "y": Y[:4]}}, source("arrays", train="d.npz"), [], "has 5 inputs but 4 labels"),
+    ({"d.npz": {"x": X, "y": np.array(list("abcde"))}}, source("arrays", train="d.npz", task="regression"), [],
+     "targets must be numeric for task 'regression'"),
+    ({"empty": None}, {"name": "image_folder", "root": "empty"}, [], "has no class sub-folders"),
+    ({"cat/notes.txt": "x"}, {"name": "image_folder"}, [], "holds no PNG or JPEG image"),
+    ({"cat/0.png": b"\x89PNG broken"}, {"name": "image_folder"}, [], "cannot decode image"),
+    ({"cat/0.png": png()}, {"name": "image_folder", "options": {"channels": 2}}, [],
+     "option 'channels' must be 1 (grayscale) or 3 (RGB), got 2"),
+    ({"train/cat/0.png": png(), "val/dog/0.png": png()}, {"name": "image_folder"}, [],
+     "class 'dog' is in val/ but not in train/"),
+    ({}, {"name": "image_folder", "root": "nowhere"}, [], "is not a folder"),
+    ({"r.csv": REG}, {"name": "csv", "options": {"train": "r.csv", "label": "y", "task": "regression"}}, [],
+     "loss 'ce' needs class labels, but the dataset's targets are real-valued (task regression); use train.loss=l2"),
+    ({"t.csv": CSV}, {"name": "csv", "options": {"train": "t.csv"}}, ["train.loss=l2"],
+     "loss 'l2' needs real-valued targets"),
+    ({"r.csv": REG}, {"name": "csv", "options": {"train": "r.csv", "label": "y", "task": "regression"},
+                      "omit_classes": [0]}, ["train.loss=l2"], "data.omit_classes needs class labels"),
+    ({"r.csv": REG}, {"name": "csv", "options": {"train": "r.csv", "label": ["y", "f"]}}, [],
+     "several target columns need task: regression"),
+]
+
+
+@pytest.mark.parametrize("files, data, overrides, fragment", ROWS, ids=[r[3][:40] for r in ROWS])
+def test_bad_user_data_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          files: dict[str, Any], data: dict[str, Any], overrides: list[str],
+                                          fragment: str) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    write(root, files)
+    section = {"root": str(root / data["root"]) if "root" in data else str(root), "options": {},
+               **{k: v for k, v in data.items() if k != "root"}}
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(tiny_config(tmp_path, data=section, train={"epochs": 1, "progress": False})))
+    code = main(["train", str(cfg), *overrides, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert fragment in err and "Traceback" not in err
+    assert err.startswith("teachkit: error: ") and err.strip().count("\n") == 0, err
