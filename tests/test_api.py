@@ -119,3 +119,13 @@ def test_bad_arguments_are_one_line_config_errors(tmp_path: Path, digits, call, 
 def test_dotted_tree() -> None:
     assert dotted_tree({"optim.lr": 0.1, "model.options": {"hidden": [8]}}) == \
         {"optim": {"lr": 0.1}, "model": {"options": {"hidden": [8]}}}
+
+
+def test_float_targets_train_a_regression(tmp_path: Path) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 5, generator=g)
+    y = x @ torch.arange(1.0, 6.0)  # float targets: a regression
+    run = teachkit.train(lambda: nn.Linear(5, 1), (x, y), loss="l2", epochs=3, lr=0.05, out_dir=tmp_path, quiet=True)
+    # var(y) = 1 + 4 + ... + 25 = 55: three epochs of a linear model explain most of it
+    assert run.summary["select_metric"] == "mse" and run.summary["best_val_mse"] < 20.0 and run.summary["val_r2"] > 0.6
+    assert read_yaml(run.run_dir / "config.yaml")["data"]["options"]["task"] == "regression"
