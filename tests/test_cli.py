@@ -36,7 +36,10 @@ def test_train_distill_eval_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     summary = json.loads((tmp_path / "runs" / "student" / "summary.json").read_text())
-    assert out["acc"] == pytest.approx(summary["test_acc"], abs=1e-6)
+    assert out["acc"] == pytest.approx(summary["test_acc"], abs=0.006) and out["acc"] == round(out["acc"], 2)
+    assert out["loss"] == float(f"{out['loss']:.4g}")  # 4 significant digits
+    assert out["checkpoint"] == str(tmp_path / "runs" / "student" / "checkpoints" / "last.safetensors")
+    assert out["epoch"] == 2 and "evaluating the model: " in proc.stderr and "teacher" not in proc.stderr
 
 
 def test_user_error_has_no_traceback(tmp_path):
@@ -66,7 +69,7 @@ def test_user_error_has_no_traceback(tmp_path):
     (["kd.gamma.kd=-1"], "kd.gamma.kd=-1 is not allowed: must be a finite number >= 0"),
     (["train.select_metric=f1"], "train.select_metric='f1' is not a metric of this task; choose one of: acc, loss"),
     (["train.select_mode=best"], "train.select_mode='best' is not allowed; choose one of: auto, max, min"),
-    (["model.taps.extra.block=3"], "model.taps.extra.block must be a module path"),
+    (["model.taps.extra.block=true"], "model.taps.extra.block must be a module path"),
     (["model.taps.extra={logits: fc}"], "model.taps.extra.logits: 'logits' is a built-in tap"),
     (["model.taps.stagez=[a]"], "unknown key model.taps.stagez"),
     (["prokdd.tau_max=3"], "unknown config key 'prokdd' (did you mean 'prokd'?)"),
@@ -140,7 +143,8 @@ def test_eval_best_checkpoint_on_val(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "runs" / "e"), "--select", "best", "--split", "val"]) == 0
     out = json.loads(capsys.readouterr().out)
     summary = json.loads((tmp_path / "runs" / "e" / "summary.json").read_text())
-    assert out["split"] == "val" and out["acc"] == pytest.approx(summary["best_val_acc"], abs=1e-6)
+    assert out["split"] == "val" and out["acc"] == pytest.approx(summary["best_val_acc"], abs=0.006)
+    assert out["epoch"] == summary["best_epoch"] and out["checkpoint"].endswith("best.safetensors")
 
 
 def test_run_prokd_online_end_to_end(tmp_path):
@@ -179,6 +183,55 @@ def test_list_piped_into_a_reader_that_stops_early(tmp_path):
 def test_list_shows_options_of_methods_and_recipes(capsys):
     assert main(["list", "recipes"]) == 0
     out = capsys.readouterr().out
-    assert "options: mode=online, tau_max=10.0" in out and "options: generations=3, ensemble=False" in out
+    assert "options: mode=auto, tau_max=10.0" in out and "options: generations=3, ensemble=False" in out
     assert main(["list", "evaluators"]) == 0
     assert "  binary " in capsys.readouterr().out
+
+
+def test_eval_finds_the_student_of_takd_and_eskd_runs(tmp_path, capsys):
+    cfg = write_cfg(tmp_path)
+    assert main(["run", "takd", str(cfg), "name=takd", "takd.assistant={name: mlp, options: {hidden: [8]}}",
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "runs" / "takd")]) == 0
+    out = capsys.readouterr()
+    ev = json.loads(out.out)
+    student = tmp_path / "runs" / "takd" / "student"
+    assert ev["checkpoint"] == str(student / "checkpoints" / "last.safetensors") and ev["epoch"] == 2
+    summary = json.loads((tmp_path / "runs" / "takd" / "summary.json").read_text())
+    assert ev["acc"] == pytest.approx(summary["test_acc"], abs=0.006)
+    assert "evaluating the student (TAKD run)" in out.err and "teacher" not in out.err
+    assert main(["run", "eskd", str(cfg), "name=eskd", "eskd.search=true", "teacher.epochs=2", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "runs" / "eskd"), "--quiet"]) == 0
+    out = capsys.readouterr()
+    summary = json.loads((tmp_path / "runs" / "eskd" / "summary.json").read_text())
+    best = f"from-epoch-{summary['teacher_epoch']:04d}"
+    assert json.loads(out.out)["checkpoint"] == str(tmp_path / "runs" / "eskd" / best / "checkpoints" /
+                                                    "last.safetensors")
+    assert out.err == ""  # --quiet: only the final line
+    (tmp_path / "runs" / "eskd" / "summary.json").unlink()  # an unfinished search: which student is ambiguous
+    assert main(["eval", str(tmp_path / "runs" / "eskd")]) == 2
+    assert "holds 2 students (from-epoch-0001, from-epoch-0002)" in capsys.readouterr().err
+
+
+def test_quiet_prints_only_the_summary_line(tmp_path):
+    cfg = write_cfg(tmp_path)
+    proc = run_cli("train", str(cfg), "train.progress=true", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("\n") == 1 and proc.stdout.startswith("train finished: ")
+    assert proc.stderr == ""
+
+
+def test_os_error_that_escapes_is_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import teachkit.cli as cli
+
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / ".config.yaml.x1.tmp"))
+
+    monkeypatch.setattr(cli, "_train", full)
+    assert main(["train", "cfg.yaml"]) == 2
+    assert capsys.readouterr().err == (f"teachkit: error: cannot write {str(tmp_path / 'runs')!r}: "
+                                       f"No space left on device\n")

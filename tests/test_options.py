@@ -8,7 +8,7 @@ from typing import Any, Literal
 import pytest
 
 from teachkit.errors import ConfigError
-from teachkit.options import NoOptions, Options, describe, from_mapping, option, to_plain
+from teachkit.options import NoOptions, Options, describe, from_mapping, option, short_repr, to_plain
 
 
 @dataclass
@@ -72,8 +72,10 @@ def test_bad_values_are_one_line_errors_naming_the_key(data, message):
 def test_direct_construction_checks_too_with_short_keys():
     with pytest.raises(ConfigError, match=r"^steps=0 is out of range: must be >= 1$"):
         Example(steps=0)
-    with pytest.raises(ConfigError, match="must be a mapping of keys, got list"):
+    with pytest.raises(ConfigError, match=r"^opt must be a mapping of keys \(opt.lr, ...\), got list \[1, 2\]$"):
         from_mapping(Example, [1, 2], "opt")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^opt.inner must be a mapping of keys \(opt.inner.width, ...\), got int 5$"):
+        from_mapping(Example, {"inner": 5}, "opt")
 
 
 def test_nested_defaults_are_independent():
@@ -84,3 +86,28 @@ def test_nested_defaults_are_independent():
     a, b = Holder(), Holder()
     a.items.append(1)
     assert b.items == []
+
+
+def test_short_repr_is_bounded_and_exact_when_short():
+    for value in (0.1, "fast", [1, "a", None], {"a": [1, 2]}, (1,), (), set(), {3}, True, None):
+        assert short_repr(value) == repr(value)
+    assert short_repr("x" * 1000) == repr("x" * 1000)[:77] + "..."
+    layer: list = [1] * 9
+    for _ in range(30):  # 9**30 leaves if printed in full: a YAML alias bomb's shape
+        layer = [layer] * 9
+    text = short_repr(layer, 40)
+    assert len(text) == 40 and text.endswith("...")
+    loop: list = []
+    loop.append(loop)
+    assert len(short_repr(loop, 20)) == 20
+
+
+def test_messages_show_values_bounded():
+    layer: list = ["x"] * 9
+    for _ in range(20):
+        layer = [layer] * 9
+    with pytest.raises(ConfigError) as e:
+        from_mapping(Example, {"lr": layer}, "opt")
+    assert len(str(e.value)) < 160 and str(e.value).startswith("opt.lr=[[[[")
+    with pytest.raises(ConfigError, match=r"opt.steps=1000.0 is not allowed: expected an integer \(write 1000\)"):
+        from_mapping(Example, {"steps": 1e3}, "opt")

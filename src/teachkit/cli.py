@@ -1,21 +1,40 @@
-"""Command line: ``teachkit {train,distill,eval,list,demo}``. Parses and calls; no logic of its own."""
+"""Command line: ``teachkit {train,distill,run,eval,list,demo}``. Parses and calls; no logic of its own.
+
+Every user mistake is one line ``teachkit: error: ...`` on stderr and exit status 2, never a traceback;
+an I/O failure that escapes (disk full, a folder under a file) is reported the same way as
+``cannot write PATH: REASON``. Plugins (``--plugin MODULE``, ``TEACHKIT_PLUGINS=a,b``, ``plugins:`` in the
+config) are imported before the config is validated.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
-from teachkit.errors import TeachkitError
+from teachkit.errors import CheckpointError, ConfigError, TeachkitError
+
+PLUGINS_ENV = "TEACHKIT_PLUGINS"
+
+
+def _add_plugin_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help=f"import MODULE first (it registers models, datasets, losses, recipes); repeatable; "
+                        f"also ${PLUGINS_ENV}=a,b and 'plugins:' in the config")
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config file")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr=0.05")
     p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bars or per-epoch lines")
+    p.add_argument("--quiet", action="store_true", help="print only errors and the final summary line")
+    _add_plugin_arg(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,15 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run any registered recipe (teachkit list recipes) on a config")
     run.add_argument("recipe", help="recipe name, e.g. prokd, annealing, rco, takd, eskd, l2t")
     _add_run_args(run)
-    ev = sub.add_parser("eval", help="evaluate a checkpoint (file or run folder) on a dataset split")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint (file or run folder; a TAKD/ESKD/BAN run: its student)")
     ev.add_argument("checkpoint")
     ev.add_argument("--data", help="dataset name (default: the one it was trained on)")
     ev.add_argument("--root", help="folder holding the dataset files (mnist, cifar10, cifar100)")
     ev.add_argument("--split", choices=["val", "test"], default="test")
     ev.add_argument("--select", choices=["last", "best"], default="last", help="which checkpoint of a run folder")
+    ev.add_argument("--quiet", action="store_true", help="print only errors and the final JSON line")
+    _add_plugin_arg(ev)
     ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes, evaluators (with options)")
     ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "all"],
                     default="all")
+    _add_plugin_arg(ls)
     demo = sub.add_parser("demo", help="CE vs MSE teacher, KD vs no-KD students, several seeds (offline)")
     demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k")
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
@@ -60,71 +82,206 @@ def summary_line(command: str, result) -> str:
             f"  {wall:.1f}s")
 
 
+# ----------------------------------------------------------------------------- helpers
+
+
+def plugin_names(given: Sequence[str] = ()) -> list[str]:
+    """The plugins of ``$TEACHKIT_PLUGINS`` (comma-separated) then ``--plugin`` ones, without repeats."""
+    env = [name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(",") if name.strip()]
+    return list(dict.fromkeys([*env, *given]))
+
+
+def check_folder(path: str | Path, what: str) -> None:
+    """ConfigError unless ``path`` is, or can be made as, a folder: no part of it may be a file."""
+    path = Path(path)
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                where = "is a file" if part == path else f"is under {str(part)!r}, which is a file"
+                raise ConfigError(f"{what} {str(path)!r} {where}, not a folder; choose another path")
+            return
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EFBIG, errno.EEXIST, errno.ENOTDIR, errno.EDQUOT}
+
+
+def os_error_line(e: OSError) -> str:
+    """``cannot write PATH: No space left on device`` for an OSError that escaped to the CLI."""
+    name = e.filename2 if e.filename2 is not None and e.errno in _WRITE_ERRNOS else e.filename
+    path = Path(os.fsdecode(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
+    if path is not None and path.name.startswith(".") and path.name.endswith(".tmp"):
+        path = path.parent  # an atomic write's temporary file: the folder says more
+    op = "write" if e.errno in _WRITE_ERRNOS else "read" if e.errno == errno.ENOENT else "read or write"
+    reason = e.strerror or str(e) or type(e).__name__
+    where = f" {str(path)!r}" if path is not None else ""
+    return f"cannot {op}{where}: {reason}"
+
+
+def student_of(path: Path) -> tuple[Path, str]:
+    """The run folder holding the model a run folder stands for, and how to call it: a plain run folder is
+    itself; TAKD's student is in ``student/``; ESKD's in the ``from-epoch-NNNN/`` its summary names (the
+    best of a search); BAN's final student in the last ``gen-G/``."""
+    if not path.is_dir() or (path / "checkpoints").is_dir():
+        return path, "the model"
+    if (path / "student" / "checkpoints").is_dir():
+        return path / "student", "the student (TAKD run)"
+    summary: dict[str, Any] = {}
+    try:
+        loaded = json.loads((path / "summary.json").read_text())
+        summary = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        pass
+    students = sorted(p for p in path.glob("from-epoch-*") if (p / "checkpoints").is_dir())
+    if students:
+        epoch = summary.get("teacher_epoch")
+        named = path / f"from-epoch-{epoch:04d}" if isinstance(epoch, int) else None
+        if named is not None and named in students:
+            what = "the best student of the search" if len(students) > 1 else "the student"
+            return named, f"{what} (ESKD run, teacher epoch {epoch})"
+        if len(students) == 1:
+            return students[0], "the student (ESKD run)"
+        names = ", ".join(p.name for p in students[:4]) + (", ..." if len(students) > 4 else "")
+        raise CheckpointError(f"run folder {str(path)!r} holds {len(students)} students ({names}) and no finished "
+                              f"summary.json naming the best; evaluate one of them, e.g. {str(students[0])!r}")
+    generations = [p for p in path.glob("gen-*") if p.name[4:].isdigit() and (p / "checkpoints").is_dir()]
+    if generations:
+        last = max(generations, key=lambda p: int(p.name[4:]))
+        return last, f"the last generation's student ({last.name}, BAN run)"
+    return path, "the model"
+
+
+def recorded_plugins_of(file: Path) -> list[str]:
+    """The plugins in the ``config.yaml`` of the run folder holding checkpoint ``file`` (none if unreadable)."""
+    from teachkit.config import read_yaml
+
+    for folder in (file.parent.parent, file.parent):
+        if (folder / "config.yaml").is_file():
+            try:
+                plugins = read_yaml(folder / "config.yaml").get("plugins")
+            except ConfigError:
+                return []
+            return [p for p in plugins if isinstance(p, str)] if isinstance(plugins, list) else []
+    return []
+
+
+def rounded(value: Any, percent: bool) -> Any:
+    """A metric for the eval line: percentages to 2 decimals, other numbers to 4 significant digits."""
+    if isinstance(value, bool) or not isinstance(value, float) or not math.isfinite(value):
+        return value
+    return round(value, 2) if percent else float(f"{value:.4g}")
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(f"teachkit: {text}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _train(args: argparse.Namespace) -> int:
+    from teachkit.config import load_config, with_changes
+    from teachkit.recipes import RECIPES
+    from teachkit.registry import import_plugins
+
+    plugins = import_plugins(plugin_names(args.plugin))
+    cfg = load_config(args.config, args.overrides, plugins=plugins, resume=args.resume)
+    recipe = RECIPES.get({"train": "train", "distill": "kd"}.get(args.command) or args.recipe)
+    check_folder(Path(cfg.out_dir) / cfg.name, "the run folder (out_dir/name)")
+    if args.quiet:
+        cfg = with_changes(cfg, train={"progress": False})
+    result = recipe(cfg, resume=args.resume)
+    s = result.summary
+    print(summary_line(args.command, result))
+    if "test_acc_omitted" in s and not args.quiet:
+        print(f"zero/few-shot: test accuracy on omitted classes {s['test_acc_omitted']:.2f}%, "
+              f"on kept classes {s['test_acc_kept']:.2f}%")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from teachkit.config import DataConfig, from_dict
+    from teachkit.engine import EVALUATORS
+    from teachkit.recipes.common import checkpoint_file, load_data, load_model
+    from teachkit.registry import import_plugins
+
+    folder, role = student_of(Path(args.checkpoint))
+    file = checkpoint_file(folder, args.select)
+    import_plugins([*recorded_plugins_of(file), *plugin_names(args.plugin)])
+    model, state = load_model(file, args.select)
+    epoch = state.get("epoch")
+    _say(args, f"evaluating {role}: {file}" + (f" (epoch {epoch})" if isinstance(epoch, int) else ""))
+    data_cfg = dict(state.get("data", {}) or {})
+    data_cfg.pop("train_subset", None)
+    if args.data:
+        data_cfg = {"name": args.data} if args.data != data_cfg.get("name") else data_cfg
+    if args.root:
+        data_cfg["root"] = args.root
+    splits = load_data(from_dict(data_cfg, DataConfig), device="cpu")
+    classes, shape = int(state["num_classes"]), tuple(state["input_shape"])
+    if classes != splits.num_classes:
+        raise ConfigError(f"the model in {str(file)!r} has {classes} classes but dataset {splits.name!r} has "
+                          f"{splits.num_classes}")
+    if shape != tuple(splits.input_shape):
+        raise ConfigError(f"the model in {str(file)!r} takes inputs of shape {shape} but dataset {splits.name!r} "
+                          f"has {tuple(splits.input_shape)}")
+    evaluator = EVALUATORS.get(splits.task)(splits, 1000)
+    metrics = evaluator.evaluate(model)[args.split]
+    shown = {k: rounded(v, evaluator.is_percent(k)) for k, v in metrics.items()}
+    print(json.dumps({"checkpoint": str(file), "epoch": epoch, "select": args.select, "dataset": splits.name,
+                      "split": args.split, **shown}))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from teachkit.data import DATASETS
+    from teachkit.engine import EVALUATORS
+    from teachkit.losses import LOSSES, OBJECTIVES
+    from teachkit.models import MODELS
+    from teachkit.options import describe
+    from teachkit.recipes import RECIPES
+    from teachkit.registry import import_plugins
+
+    import_plugins(plugin_names(args.plugin))
+    groups = {"models": [MODELS], "datasets": [DATASETS], "losses": [OBJECTIVES, LOSSES], "recipes": [RECIPES],
+              "evaluators": [EVALUATORS]}
+    for name, registries in groups.items():
+        if args.what not in (name, "all"):
+            continue
+        for reg in registries:
+            print(f"{reg.kind}s:" if not reg.kind.endswith("s") else f"{reg.kind}:")
+            width = max((len(e.name) for e in reg.entries()), default=0)
+            for e in reg.entries():
+                print(f"  {e.name:<{width}}  {e.description}")
+                if e.options is not None:
+                    print(f"  {'':<{width}}    options: {describe(e.options)}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from teachkit.experiments.demo import run_demo
+
+    check_folder(args.out, "demo --out")
+    if args.seeds is not None and args.seeds < 1:
+        raise ConfigError(f"demo --seeds {args.seeds} is out of range: must be >= 1")
+    run_demo(args.data, seeds=args.seeds, out=args.out, quick=args.quick)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("train", "distill", "run"):
-        from teachkit.config import load_config, with_changes
-        from teachkit.recipes import RECIPES
-
-        recipe = RECIPES.get({"train": "train", "distill": "kd"}.get(args.command) or args.recipe)
-        cfg = load_config(args.config, args.overrides)
-        if args.quiet:
-            cfg = with_changes(cfg, train={"progress": False})
-        result = recipe(cfg, resume=args.resume)
-        s = result.summary
-        print(summary_line(args.command, result))
-        if "test_acc_omitted" in s:
-            print(f"zero/few-shot: test accuracy on omitted classes {s['test_acc_omitted']:.2f}%, "
-                  f"on kept classes {s['test_acc_kept']:.2f}%")
-        return 0
+        return _train(args)
     if args.command == "eval":
-        from teachkit.config import DataConfig, from_dict
-        from teachkit.engine import EVALUATORS
-        from teachkit.recipes.common import check_compatible, load_data, load_model
-
-        model, state = load_model(args.checkpoint, args.select)
-        data_cfg = dict(state.get("data", {}) or {})
-        data_cfg.pop("train_subset", None)
-        if args.data:
-            data_cfg = {"name": args.data} if args.data != data_cfg.get("name") else data_cfg
-        if args.root:
-            data_cfg["root"] = args.root
-        splits = load_data(from_dict(data_cfg, DataConfig), device="cpu")
-        check_compatible(state, splits)
-        metrics = EVALUATORS.get(splits.task)(splits, 1000).evaluate(model)[args.split]
-        print(json.dumps({"checkpoint": str(args.checkpoint), "dataset": splits.name, "split": args.split,
-                          **metrics}))
-        return 0
+        return _eval(args)
     if args.command == "list":
-        from teachkit.data import DATASETS
-        from teachkit.engine import EVALUATORS
-        from teachkit.losses import LOSSES, OBJECTIVES
-        from teachkit.models import MODELS
-        from teachkit.options import describe
-        from teachkit.recipes import RECIPES
-
-        groups = {"models": [MODELS], "datasets": [DATASETS], "losses": [OBJECTIVES, LOSSES], "recipes": [RECIPES],
-                  "evaluators": [EVALUATORS]}
-        for name, registries in groups.items():
-            if args.what not in (name, "all"):
-                continue
-            for reg in registries:
-                print(f"{reg.kind}s:" if not reg.kind.endswith("s") else f"{reg.kind}:")
-                width = max((len(e.name) for e in reg.entries()), default=0)
-                for e in reg.entries():
-                    print(f"  {e.name:<{width}}  {e.description}")
-                    if e.options is not None:
-                        print(f"  {'':<{width}}    options: {describe(e.options)}")
-        return 0
+        return _list(args)
     if args.command == "demo":
-        from teachkit.experiments.demo import run_demo
-
-        run_demo(args.data, seeds=args.seeds, out=args.out, quick=args.quick)
-        return 0
+        return _demo(args)
     raise AssertionError(args.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; user mistakes print one line to stderr and exit with status 2."""
+    """Entry point; user mistakes and escaped I/O errors print one line to stderr and exit with status 2."""
     args = build_parser().parse_args(argv)
     try:
         return _run(args)
@@ -137,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a reader that stopped early (`teachkit list | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # last resort: a write or read the code did not expect to fail (disk full, ...)
+        print(f"teachkit: error: {os_error_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,13 +6,20 @@ A :class:`RunConfig` composes the sections the layers below own -- ``data`` (:cl
 ``teacher`` defined here, and one section per recipe that registered options
 (``@RECIPES.register("prokd", options=ProKDOptions)`` declares the ``prokd`` section): a new method or
 recipe never edits this file. Every bad key, type or value is one :class:`ConfigError` line naming the
-key, the value and what is allowed (with a did-you-mean hint for misspelt keys). No code runs from YAML
-(``yaml.safe_load`` only).
+key, the value and what is allowed (with a did-you-mean hint for misspelt keys). No code runs from YAML:
+files and overrides are read by a ``yaml.SafeLoader`` that also reads YAML 1.2 numbers (``1e-3``) and
+refuses repeated keys and anchors/aliases that expand beyond :data:`ALIAS_BUDGET` nodes.
+
+``plugins:`` lists modules (outside teachkit) imported before anything else is validated, so the models,
+datasets, losses and recipes they register can be named in the same config; the list is kept in the run's
+``config.yaml``, so ``teachkit eval`` and ``--resume`` import them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -25,12 +32,12 @@ from teachkit.engine import LoopConfig, OptimConfig
 from teachkit.errors import ConfigError
 from teachkit.losses import OBJECTIVES, KDConfig
 from teachkit.models import ModelConfig
-from teachkit.options import Options, from_mapping, option, to_plain
-from teachkit.registry import Entry, closest
+from teachkit.options import Options, coerce, from_mapping, option, short_repr, to_plain
+from teachkit.registry import DuplicateNameError, Entry, closest, import_plugins
 
 __all__ = ["DataConfig", "KDConfig", "ModelConfig", "OptimConfig", "RunConfig", "TeacherConfig", "TrainConfig",
            "dump_yaml", "from_dict", "load_config", "merge", "parse_overrides", "read_yaml", "register_section",
-           "to_dict", "with_changes"]
+           "to_dict", "with_changes", "yaml_load"]
 
 
 @dataclass
@@ -75,6 +82,8 @@ class TeacherConfig(Options):
     optim: OptimConfig = option(factory=OptimConfig)
     epochs: int = option(10, ge=1)
     loss: str = "ce"
+    #: run with a teacher whose training data may overlap the student's val/test split (recorded in the summary)
+    allow_overlap: bool = False
 
     def validate(self) -> None:
         OBJECTIVES.entry(self.loss)
@@ -82,7 +91,7 @@ class TeacherConfig(Options):
 
 #: Recipe sections: name -> options dataclass (filled by ``RECIPES.register(..., options=...)``).
 SECTIONS: dict[str, type] = {}
-CORE = ("name", "out_dir", "data", "model", "optim", "train", "teacher", "kd")
+CORE = ("name", "out_dir", "plugins", "data", "model", "optim", "train", "teacher", "kd")
 
 
 def register_section(entry: Entry) -> None:
@@ -91,7 +100,8 @@ def register_section(entry: Entry) -> None:
     if entry.options is None:
         return
     if entry.name in CORE or entry.name in SECTIONS:
-        raise ValueError(f"config section {entry.name!r} declared twice")
+        raise DuplicateNameError(f"config section {entry.name!r} declared twice (recipe {entry.name!r} takes the "
+                                 f"name of a section); choose another recipe name")
     SECTIONS[entry.name] = entry.options
 
 
@@ -103,6 +113,8 @@ class RunConfig(Options):
 
     name: str = "run"
     out_dir: str = "runs"
+    #: modules imported before the rest is validated (their registrations become nameable)
+    plugins: list[str] = option(factory=list)
     data: DataConfig = option(factory=DataConfig)
     model: ModelConfig = option(factory=ModelConfig)
     optim: OptimConfig = option(factory=OptimConfig)
@@ -113,6 +125,7 @@ class RunConfig(Options):
     sections: dict[str, Any] = option(factory=dict)
 
     def validate(self) -> None:
+        import_plugins(self.plugins)  # already imported by from_dict; checks the names of a config made in Python
         sections = {}
         for name, cls in SECTIONS.items():
             given = self.sections.get(name)
@@ -135,17 +148,21 @@ def from_dict(data: dict | None, cls: type = RunConfig) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(f"config must be a mapping of keys, got {type(data).__name__} {short_repr(data)}")
     if cls is not RunConfig:
         return from_mapping(cls, data)
+    plugins = data.get("plugins")
+    plugins = import_plugins(coerce(plugins, list[str], "plugins") if plugins is not None else [])
     core = {k: v for k, v in data.items() if k in CORE}
+    core["plugins"] = plugins
     sections = {}
     for key, value in data.items():
         if key in CORE:
             continue
         if key not in SECTIONS:
             allowed = [*CORE, *SECTIONS]
-            raise ConfigError(f"unknown config key {key!r}{closest(str(key), allowed)}; allowed under the top "
+            shown = key if isinstance(key, str) and len(key) <= 80 else short_repr(key, 40)
+            raise ConfigError(f"unknown config key {shown!r}{closest(shown, allowed)}; allowed under the top "
                               f"level: {', '.join(allowed)}")
         sections[key] = value
     return from_mapping(RunConfig, {**core, "sections": sections})
@@ -176,15 +193,125 @@ def with_changes(cfg: RunConfig, **sections: Any) -> RunConfig:
     return out
 
 
+#: How many YAML nodes anchors and aliases may add to a document when expanded (a "billion laughs" file
+#: adds billions; a config reusing a section with ``*alias`` adds a few dozen).
+ALIAS_BUDGET = 10_000
+#: The largest config file read (configs are small text files; a checkpoint given by mistake is not read).
+MAX_CONFIG_BYTES = 16 << 20
+
+_FLOAT_1_2 = re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class YAMLRefused(yaml.YAMLError):
+    """A YAML document refused by :class:`SafeLoader12` (repeated key, alias bomb); ``line`` is 1-based."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message, self.line = message, line
+
+
+class SafeLoader12(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader (no tags that run code) reading YAML 1.2 floats too (``1e-3``, ``1e3``,
+    ``1.0e5``: strings under YAML 1.1), refusing repeated keys and aliases that expand beyond
+    :data:`ALIAS_BUDGET` nodes or refer to themselves."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        check_aliases(node)
+        return super().construct_document(node)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *base`` then a key of base: an override, not a repeat
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+                seen.setdefault(key, line)
+            except TypeError:
+                continue  # unhashable: the base constructor reports it
+            if first is not None:
+                raise YAMLRefused(f"repeats key {short_repr(key, 40)} (line {line}; first given on line {first})",
+                                  line)
+        return super().construct_mapping(node, deep)
+
+
+SafeLoader12.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2, list("-+0123456789."))
+
+
+def check_aliases(root: yaml.Node, budget: int = ALIAS_BUDGET) -> None:
+    """YAMLRefused when anchors and aliases make ``root`` expand to more than ``budget`` nodes beyond those
+    written (a "billion laughs" bomb), or when an alias refers to the collection holding it."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise YAMLRefused(f"has an alias inside its own anchor (line {node.start_mark.line + 1}): a recursive "
+                              f"structure is not a config", node.start_mark.line + 1)
+        active.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            children: list[yaml.Node] = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        else:
+            children = []
+        total = 1 + sum(size(child) for child in children)
+        active.discard(key)
+        sizes[key] = total
+        return total
+
+    total = size(root)
+    if total - len(sizes) > budget:
+        raise YAMLRefused(f"has anchors and aliases that expand to {total:,} values from {len(sizes):,} written "
+                          f"(at most {budget:,} more are allowed)")
+
+
+def yaml_load(text: str) -> Any:
+    """``text`` parsed like ``yaml.safe_load`` by :class:`SafeLoader12` (yaml.YAMLError when it is not valid or
+    refused; RecursionError when it nests too deeply)."""
+    loader = SafeLoader12(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """``line 3: expected ',' or ']'`` from a YAML error (one line)."""
+    if isinstance(e, YAMLRefused):
+        return e.message
+    mark = getattr(e, "problem_mark", None)
+    problem = " ".join(str(getattr(e, "problem", None) or e).split())
+    return f"line {mark.line + 1}: {problem}" if mark is not None else problem
+
+
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
+    if not all(parts):
+        raise ConfigError(f"override key {short_repr(dotted)} has an empty part: expected dotted names such as "
+                          f"optim.lr")
     node = tree
     for p in parts[:-1]:
         child = node.get(p)
         if child is None:
             child = node[p] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"override {dotted!r}: {p!r} is not a section")
+            raise ConfigError(f"override {short_repr(dotted)}: {p!r} is not a section")
         node = child
     node[parts[-1]] = value
 
@@ -201,12 +328,21 @@ def parse_overrides(items: list[str]) -> dict:
     tree: dict = {}
     for item in items:
         if "=" not in item or item.startswith("="):
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. optim.lr=0.05)")
+            raise ConfigError(f"override {short_repr(item)} is not of the form key=value (e.g. optim.lr=0.05)")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
-            value = raw
+            value = yaml_load(raw) if raw != "" else ""
+        except YAMLRefused as e:
+            raise ConfigError(f"override {short_repr(item)} {e.message}") from None
+        except RecursionError:
+            raise ConfigError(f"override {short_repr(item)} nests too deeply") from None
+        except yaml.YAMLError as e:
+            first = raw.lstrip()[:1]
+            if first in ("[", "{", '"', "'"):  # meant as a list, mapping or quoted string
+                example = {"[": "[8, 8]", "{": "{depth: 8}"}.get(first, "'text'")
+                raise ConfigError(f"override {short_repr(item)} is malformed: {short_repr(raw.strip())} is not valid "
+                                  f"YAML ({_yaml_problem(e)}); e.g. {key.strip()}={example}") from None
+            value = raw  # a plain word YAML cannot read (``name=@home``): the text itself
         _set_dotted(tree, key.strip(), Replace(value) if isinstance(value, dict) else value)
     return tree
 
@@ -223,28 +359,79 @@ def merge(base: dict, update: dict) -> dict:
 
 
 def read_yaml(path: str | Path) -> dict:
+    """The mapping in the YAML file ``path`` (empty file: ``{}``), or a one-line ConfigError saying why not:
+    missing, a folder, binary, too large, invalid YAML (with the line), a repeated key, an alias bomb."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    what = f"config file {str(path)!r}"
     try:
-        data = yaml.safe_load(path.read_text())
+        if path.is_dir():
+            raise ConfigError(f"{what} is a folder, not a YAML file")
+        if not path.exists():
+            raise ConfigError(f"{what} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"{what} is not a regular file (a YAML config file is expected)")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{what} is {path.stat().st_size / 2**20:.0f} MiB: not a config (at most "
+                              f"{MAX_CONFIG_BYTES >> 20} MiB of YAML text)")
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{what} cannot be read: {e.strerror or type(e).__name__}") from None
+    if b"\x00" in raw:
+        raise ConfigError(f"{what} is a binary file (it holds NUL bytes at byte {raw.index(0)}), not YAML text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); a YAML "
+                          f"config file is expected") from None
+    try:
+        data = yaml_load(text)
+    except yaml.reader.ReaderError as e:
+        raise ConfigError(f"{what} is not YAML text: character {e.character!r} at offset {e.position} is not "
+                          f"allowed") from None
+    except YAMLRefused as e:
+        raise ConfigError(f"{what} {e.message}") from None
     except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" (line {where.line + 1})" if where is not None else ""
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML{line}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {str(path)!r} cannot be read ({type(e).__name__})") from None
+        raise ConfigError(f"{what} is not valid YAML ({_yaml_problem(e)})") from None
+    except RecursionError:
+        raise ConfigError(f"{what} nests too deeply to be a config") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, not {type(data).__name__}")
+        raise ConfigError(f"{what} must hold a mapping of keys (name: ..., data: ...), not {type(data).__name__} "
+                          f"{short_repr(data, 40)}")
     return data
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a YAML config (or defaults when ``path`` is None), apply dotted overrides, validate."""
+def _unique(names: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(names))
+
+
+def recorded_plugins(data: dict) -> list[str]:
+    """The plugins recorded in the ``config.yaml`` of the run folder ``data`` names (``out_dir/name``), if any."""
+    name, out_dir = data.get("name", RunConfig.name), data.get("out_dir", RunConfig.out_dir)
+    if not isinstance(name, str) or not isinstance(out_dir, str):
+        return []
+    saved = Path(out_dir) / name / "config.yaml"
+    try:
+        plugins = read_yaml(saved).get("plugins") if saved.is_file() else None
+    except ConfigError:
+        return []  # the resume check reports an unreadable config.yaml
+    return [p for p in plugins if isinstance(p, str)] if isinstance(plugins, list) else []
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None, plugins: Iterable[str] = (),
+                resume: bool = False) -> RunConfig:
+    """Read a YAML config (or defaults when ``path`` is None), apply dotted overrides, validate.
+
+    ``plugins`` (``--plugin``, ``TEACHKIT_PLUGINS``) are added to the config's ``plugins:``; with ``resume``
+    the run folder's recorded plugins come first, so a resumed run imports what it was made with."""
     data = read_yaml(path) if path is not None else {}
     data = merge(data, parse_overrides(overrides or []))
+    given = data.get("plugins")
+    if isinstance(given, list) or given is None:
+        used = [*(recorded_plugins(data) if resume else []), *(given or []), *plugins]
+        if used:
+            data = {**data, "plugins": _unique(used)}
     return from_dict(data)
 
 

@@ -5,7 +5,8 @@ its options as a dataclass deriving from :class:`Options`, with :func:`option` f
 rules. Making one -- from YAML through :func:`from_mapping`, or directly in Python -- validates every
 field in ``__post_init__``, so there is exactly one place where a value is checked, and a bad value is a
 one-line :class:`~teachkit.errors.ConfigError` naming the full key (``kd.options.crd.nce_k=0 is out of
-range: must be >= 1``), the value and what is allowed. Unknown keys get a did-you-mean hint.
+range: must be >= 1``), the value and what is allowed. Unknown keys get a did-you-mean hint. Values are
+shown with :func:`short_repr`, so a message stays one short line whatever the value holds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,54 @@ def option(default: Any = dataclasses.MISSING, *, factory: Any = None, gt: float
 
 def join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+class _Full(Exception):
+    """Raised inside :func:`short_repr` once the text is long enough."""
+
+
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters (``...`` marks a cut), built piece by piece so a
+    huge or self-referencing value (a YAML alias bomb) costs no more than ``limit`` characters of work."""
+    parts: list[str] = []
+    size = [0]
+
+    def emit(text: str) -> None:
+        parts.append(text)
+        size[0] += len(text)
+        if size[0] > limit:
+            raise _Full
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str):
+            emit(repr(v[: limit + 1]) if len(v) > limit else repr(v))
+        elif isinstance(v, Mapping):
+            emit("{")
+            for i, (k, item) in enumerate(v.items()):
+                emit(", " if i else "")
+                walk(k)
+                emit(": ")
+                walk(item)
+            emit("}")
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            if not v and isinstance(v, (set, frozenset)):
+                emit(repr(v))
+                return
+            left, right = {list: "[]", tuple: "()"}.get(type(v), "{}")
+            emit(left)
+            for i, item in enumerate(v):
+                emit(", " if i else "")
+                walk(item)
+            emit("," + right if isinstance(v, tuple) and len(v) == 1 else right)
+        else:
+            text = repr(v)
+            emit(text if len(text) <= limit else text[: limit + 1])
+
+    try:
+        walk(value)
+    except _Full:
+        return "".join(parts)[: max(0, limit - 3)] + "..."
+    return "".join(parts)
 
 
 class Options:
@@ -101,12 +150,15 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     origin = typing.get_origin(tp)
-    bad = ConfigError(f"{key}={value!r} is not allowed: expected {type_name(tp)}")
+
+    def bad() -> ConfigError:  # built only when raised: the value's repr is bounded and never computed in vain
+        return ConfigError(f"{key}={short_repr(value)} is not allowed: expected {type_name(tp)}")
+
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in typing.get_args(tp)):
             return value
         allowed = [str(a) for a in typing.get_args(tp)]
-        raise ConfigError(f"{key}={value!r} is not allowed{closest(str(value), allowed)}; "
+        raise ConfigError(f"{key}={short_repr(value)} is not allowed{closest(short_repr(value), allowed)}; "
                           f"choose one of: {', '.join(allowed)}")
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -119,17 +171,17 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, a, key)
             except ConfigError:
                 pass
-        raise bad
+        raise bad()
     if origin is list:
         if isinstance(value, tuple):
             value = list(value)
         if not isinstance(value, list):
-            raise bad
+            raise bad()
         (inner,) = typing.get_args(tp)
         return [coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
-            raise bad
+            raise bad()
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is not Any:
             return {k: coerce(v, args[1], join(key, str(k))) for k, v in value.items()}
@@ -137,32 +189,32 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
-        if not isinstance(value, Mapping):
-            raise bad
         return from_mapping(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise bad
+        raise bad()
     if tp is int:
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:  # 1e3 reads as a float
+            raise ConfigError(f"{key}={short_repr(value)} is not allowed: expected an integer (write {int(value)})")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
+            raise bad()
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
+            raise bad()
         value = float(value)
         if not math.isfinite(value):
-            raise ConfigError(f"{key}={value!r} is not allowed: expected a finite number")
+            raise ConfigError(f"{key}={short_repr(value)} is not allowed: expected a finite number")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise bad
+            raise bad()
         return value
     if isinstance(tp, type):
         if isinstance(value, tp):
             return value
-        raise bad
+        raise bad()
     return value
 
 
@@ -173,26 +225,33 @@ def check_range(value: Any, rules: dict, key: str) -> None:
     allowed = [f"{sym} {rules[r]}" for r, (_, sym) in _RULES.items() if r in rules]
     for r, (ok, _sym) in _RULES.items():
         if r in rules and not ok(value, rules[r]):
-            raise ConfigError(f"{key}={value!r} is out of range: must be {' and '.join(allowed)}")
+            raise ConfigError(f"{key}={short_repr(value)} is out of range: must be {' and '.join(allowed)}")
 
 
 def from_mapping(cls: type[O], data: Mapping[str, Any] | None, prefix: str = "") -> O:
     """Validate a plain mapping into the options dataclass ``cls``; keys in messages start with ``prefix``."""
     if data is None:
         data = {}
-    if not isinstance(data, Mapping):
-        where = f"{prefix} " if prefix else ""
-        raise ConfigError(f"{where}must be a mapping of keys, got {type(data).__name__}")
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    if not isinstance(data, Mapping):
+        raise ConfigError(not_a_mapping(prefix, names, data))
     for key in data:
         if key not in names:
-            raise ConfigError(f"unknown config key {join(prefix, str(key))!r}{closest(str(key), names)}; "
+            shown = key if isinstance(key, str) and len(key) <= 80 else short_repr(key, 40)
+            raise ConfigError(f"unknown config key {join(prefix, shown)!r}{closest(shown, names)}; "
                               f"allowed under {prefix or 'the top level'}: {', '.join(names) or 'none'}")
     token = _KEY.set(prefix)
     try:
         return cls(**data)
     finally:
         _KEY.reset(token)
+
+
+def not_a_mapping(prefix: str, names: list[str], value: Any) -> str:
+    """``data must be a mapping of keys (data.name, ...), got int 5``."""
+    what = prefix or "the config"
+    example = f" ({join(prefix, names[0])}, ...)" if names else ""
+    return f"{what} must be a mapping of keys{example}, got {type(value).__name__} {short_repr(value)}"
 
 
 def to_plain(obj: Any) -> Any:

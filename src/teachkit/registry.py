@@ -3,6 +3,9 @@
 An entry may carry its typed options dataclass (``@LOSSES.register("crd", options=CRDOptions)``); the
 run configuration validates a method's or recipe's options against it generically, so adding one never
 edits ``config.py``. ``teachkit list`` prints every registry with one-line descriptions and options.
+
+Plugins are importable modules outside teachkit (``plugins: [mylab.models]`` in a config, ``--plugin``,
+``TEACHKIT_PLUGINS``) whose imports register more entries; :func:`import_plugins` imports them.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import pkgutil
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -17,6 +21,12 @@ from typing import Generic, TypeVar
 from teachkit.errors import ConfigError
 
 T = TypeVar("T")
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+class DuplicateNameError(ConfigError, ValueError):
+    """A name registered twice in one registry (by a plugin that reuses a built-in name, say)."""
 
 
 def closest(name: str, options: list[str]) -> str:
@@ -32,6 +42,35 @@ def import_all(package: str, path: Iterable[str]) -> None:
     for info in sorted(pkgutil.iter_modules(list(path)), key=lambda m: m.name):
         if not info.name.startswith("_"):
             importlib.import_module(f"{package}.{info.name}")
+
+
+def import_plugins(names: Iterable[str]) -> list[str]:
+    """Import each plugin module in ``names`` (once; duplicates dropped) so that it registers its models,
+    datasets, losses or recipes; returns the names imported, in order. A name that is not a module path,
+    or a module that cannot be imported, is a one-line ConfigError naming it and the reason."""
+    done: list[str] = []
+    for name in names:
+        if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name.strip()):
+            shown = repr(name) if isinstance(name, str) and len(name) <= 80 else type(name).__name__
+            raise ConfigError(f"plugin {shown} is not a module name: expected a dotted import path "
+                              f"such as mylab.models")
+        name = name.strip()
+        if name in done:
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            itself = isinstance(e, ModuleNotFoundError) and e.name is not None and name.startswith(e.name)
+            hint = " (is its folder on PYTHONPATH or installed?)" if itself else ""
+            raise ConfigError(f"plugin {name!r} cannot be imported: {type(e).__name__}: {reason}{hint}") from None
+        except SyntaxError as e:
+            raise ConfigError(f"plugin {name!r} cannot be imported: SyntaxError in {e.filename} line {e.lineno}: "
+                              f"{e.msg}") from None
+        except DuplicateNameError as e:
+            raise ConfigError(f"plugin {name!r}: {e}") from None
+        done.append(name)
+    return done
 
 
 @dataclass(frozen=True)
@@ -60,7 +99,9 @@ class Registry(Generic[T]):
 
         def deco(obj: T) -> T:
             if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+                where = getattr(self._entries[name].obj, "__module__", None)
+                by = f" (first by {where})" if where else ""
+                raise DuplicateNameError(f"{self.kind} {name!r} registered twice{by}; choose another name")
             doc = description or (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
             entry = Entry(name, obj, doc, options)
             self._entries[name] = entry

@@ -8,7 +8,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from teachkit.options import Options, option
+from teachkit.errors import ConfigError
+from teachkit.options import Options, option, short_repr
 
 
 @dataclass
@@ -27,6 +28,12 @@ class OptimConfig(Options):
     gamma: float = option(0.1, gt=0.0, le=1.0)
     warmup_epochs: float = option(0.0, ge=0.0)
     grad_clip: float | None = option(None, gt=0.0)
+
+    def validate(self) -> None:
+        """AdamW's ``betas`` are two numbers in [0, 1) (torch would fail at the first step otherwise)."""
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"{self.key('betas')}={short_repr(self.betas)} is not allowed: expected two numbers "
+                              f"in [0, 1), e.g. [0.9, 0.999]")
 
 
 def build_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:

@@ -1,0 +1,203 @@
+"""The bad-input contract of the CLI, table-driven: every row is a user mistake (a file to create, a command
+line) that must end with exit status 2 and ONE stderr line ``teachkit: error: ...`` holding the expected
+fragment, never a traceback. Config files, overrides, plugins, output folders and escaped I/O errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from teachkit.cli import main
+from tests.conftest import tiny_config
+
+DIR = object()  #: a file-table value: make a folder
+
+
+def bomb(levels: int = 9) -> str:
+    """A "billion laughs" YAML file: 9 ** levels strings written as a few dozen nodes."""
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join(lines) + f"\nname: *a{levels - 1}\n"
+
+
+BINARY = b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + bytes(range(256))
+TINY = "tiny"  #: a file-table value: the tiny synthetic config (see conftest), written as YAML
+
+# (id, argv ({tmp}: the test's folder, {cfg}: tiny config), files {name: text | bytes | DIR | TINY}, env, fragment)
+ROWS: list[tuple[str, list[str], dict, dict, str]] = [
+    # --- config files that are not YAML configs
+    ("binary-config", ["train", "{tmp}/weights.npy"], {"weights.npy": BINARY}, {}, "is a binary file"),
+    ("not-utf8-config", ["train", "{tmp}/l.yaml"], {"l.yaml": b"name: caf\xe9\n"}, {}, "is not UTF-8 text"),
+    ("control-char-config", ["train", "{tmp}/c.yaml"], {"c.yaml": "name: a\x07b\n"}, {}, "is not YAML text"),
+    ("folder-as-config", ["train", "{tmp}/conf"], {"conf": DIR}, {}, "is a folder, not a YAML file"),
+    ("missing-config", ["train", "{tmp}/none.yaml"], {}, {}, "none.yaml' does not exist"),
+    ("invalid-yaml", ["train", "{tmp}/b.yaml"], {"b.yaml": "optim: {lr: 0.1\n"}, {}, "is not valid YAML (line 2:"),
+    ("scalar-config", ["train", "{tmp}/s.yaml"], {"s.yaml": "just words\n"}, {}, "must hold a mapping of keys"),
+    ("list-config", ["train", "{tmp}/s.yaml"], {"s.yaml": "- a\n- b\n"}, {}, "not list ['a', 'b']"),
+    ("section-scalar-in-file", ["train", "{tmp}/d.yaml"], {"d.yaml": "data: 5\n"}, {},
+     "data must be a mapping of keys (data.name, ...), got int 5"),
+    ("section-scalar-override", ["train", "{cfg}", "optim=3"], {"cfg.yaml": TINY}, {},
+     "optim must be a mapping of keys (optim.name, ...), got int 3"),
+    ("recipe-section-scalar", ["run", "prokd", "{tmp}/p.yaml"], {"p.yaml": "prokd: [1]\n"}, {},
+     "prokd must be a mapping of keys (prokd.mode, ...), got list [1]"),
+    ("duplicate-key-in-file", ["train", "{tmp}/d.yaml"], {"d.yaml": "optim:\n  lr: 0.1\n  lr: 0.2\n"}, {},
+     "repeats key 'lr' (line 3; first given on line 2)"),
+    ("duplicate-top-key", ["train", "{tmp}/d.yaml"], {"d.yaml": "name: a\ntrain: {}\nname: b\n"}, {},
+     "repeats key 'name' (line 3; first given on line 1)"),
+    ("duplicate-key-override", ["train", "{cfg}", "data.options={shape: [1, 8], shape: [2]}"], {"cfg.yaml": TINY},
+     {}, "repeats key 'shape'"),
+    ("alias-bomb", ["train", "{tmp}/bomb.yaml"], {"bomb.yaml": bomb()}, {},
+     "has anchors and aliases that expand to 926,177,115 values from 29 written"),
+    ("alias-bomb-override", ["train", "{cfg}", "name=[&a [x, x, x, x, x, x, x, x], " + ", ".join(
+        ["[*a, *a, *a, *a, *a, *a, *a, *a]"] * 3) + "]"], {"cfg.yaml": TINY}, {}, "name=[['x', 'x', 'x'"),
+    ("recursive-alias", ["train", "{tmp}/r.yaml"], {"r.yaml": "name: &n [*n]\n"}, {}, "alias inside its own anchor"),
+    ("python-tag", ["train", "{tmp}/e.yaml"], {"e.yaml": "name: !!python/object/apply:os.system ['echo x']\n"}, {},
+     "is not valid YAML (line 1: could not determine a constructor"),
+    # --- overrides
+    ("malformed-list-override", ["train", "{cfg}", "model.options.hidden=[8,"], {"cfg.yaml": TINY}, {},
+     "override 'model.options.hidden=[8,' is malformed: '[8,' is not valid YAML"),
+    ("malformed-mapping-override", ["train", "{cfg}", "model.options={hidden: [8]"], {"cfg.yaml": TINY}, {},
+     "override 'model.options={hidden: [8]' is malformed"),
+    ("unclosed-quote-override", ["train", "{cfg}", "name='abc"], {"cfg.yaml": TINY}, {}, "is malformed"),
+    ("override-without-value", ["train", "{cfg}", "optim"], {"cfg.yaml": TINY}, {}, "not of the form key=value"),
+    ("override-empty-key-part", ["train", "{cfg}", "optim..lr=1"], {"cfg.yaml": TINY}, {},
+     "override key 'optim..lr' has an empty part"),
+    ("override-through-a-value", ["train", "{cfg}", "name.x=1"], {"cfg.yaml": TINY}, {},
+     "name={'x': 1} is not allowed: expected a string"),
+    ("yaml12-float-is-a-number", ["train", "{cfg}", "optim.lr=-1e-3"], {"cfg.yaml": TINY}, {},
+     "optim.lr=-0.001 is out of range: must be > 0.0"),
+    ("yaml12-float-for-an-int", ["train", "{cfg}", "train.epochs=1e3"], {"cfg.yaml": TINY}, {},
+     "train.epochs=1000.0 is not allowed: expected an integer (write 1000)"),
+    ("long-value-is-cut", ["train", "{cfg}", "data.batch_size=[" + ", ".join(["12345"] * 5000) + "]"],
+     {"cfg.yaml": TINY}, {}, "data.batch_size=[12345, 12345,"),
+    ("unknown-top-key", ["train", "{cfg}", "trian.epochs=3"], {"cfg.yaml": TINY}, {},
+     "unknown config key 'trian' (did you mean 'train'?)"),
+    ("unknown-nested-key", ["train", "{cfg}", "optim.lrr=0.1"], {"cfg.yaml": TINY}, {},
+     "unknown config key 'optim.lrr' (did you mean 'lr'?)"),
+    ("bad-type", ["train", "{cfg}", "optim.lr=fast"], {"cfg.yaml": TINY}, {},
+     "optim.lr='fast' is not allowed: expected a number"),
+    ("not-finite", ["train", "{cfg}", "optim.lr=.nan"], {"cfg.yaml": TINY}, {}, "expected a finite number"),
+    ("out-of-range", ["train", "{cfg}", "kd.alpha=1.5"], {"cfg.yaml": TINY}, {},
+     "kd.alpha=1.5 is out of range: must be >= 0.0 and <= 1.0"),
+    ("bad-choice", ["train", "{cfg}", "optim.name=adam"], {"cfg.yaml": TINY}, {},
+     "optim.name='adam' is not allowed (did you mean 'adamw'?); choose one of: sgd, adamw"),
+    ("unknown-model", ["train", "{cfg}", "model.name=resnet2O"], {"cfg.yaml": TINY}, {}, "unknown model 'resnet2O'"),
+    ("unknown-recipe", ["run", "nosuch", "{cfg}"], {"cfg.yaml": TINY}, {}, "unknown recipe 'nosuch'"),
+    # --- optimiser values
+    ("adamw-beta-1", ["train", "{cfg}", "optim.name=adamw", "optim.betas=[0.9, 1.0]"], {"cfg.yaml": TINY}, {},
+     "optim.betas=[0.9, 1.0] is not allowed: expected two numbers in [0, 1)"),
+    ("adamw-beta-negative", ["train", "{cfg}", "optim.betas=[-0.1, 0.999]"], {"cfg.yaml": TINY}, {},
+     "optim.betas=[-0.1, 0.999] is not allowed"),
+    ("adamw-one-beta", ["train", "{cfg}", "optim.betas=[0.9]"], {"cfg.yaml": TINY}, {},
+     "optim.betas=[0.9] is not allowed: expected two numbers"),
+    ("adamw-betas-text", ["train", "{cfg}", "optim.betas=fast"], {"cfg.yaml": TINY}, {},
+     "optim.betas='fast' is not allowed: expected a list of a number"),
+    ("teacher-betas", ["distill", "{cfg}", "teacher.optim.betas=[0.9, 2]"], {"cfg.yaml": TINY}, {},
+     "teacher.optim.betas=[0.9, 2.0] is not allowed"),
+    ("gamma-zero", ["train", "{cfg}", "optim.gamma=0"], {"cfg.yaml": TINY}, {}, "optim.gamma=0.0 is out of range"),
+    ("milestone-not-int", ["train", "{cfg}", "optim.milestones=[1.5]"], {"cfg.yaml": TINY}, {},
+     "optim.milestones[0]=1.5 is not allowed: expected an integer"),
+    # --- plugins
+    ("plugin-missing-flag", ["train", "{cfg}", "--plugin", "badin_nosuch"], {"cfg.yaml": TINY}, {},
+     "plugin 'badin_nosuch' cannot be imported: ModuleNotFoundError: No module named 'badin_nosuch'"),
+    ("plugin-missing-config", ["train", "{tmp}/p.yaml"], {"p.yaml": "plugins: [badin_nosuch]\n"}, {},
+     "plugin 'badin_nosuch' cannot be imported"),
+    ("plugin-missing-env", ["train", "{cfg}"], {"cfg.yaml": TINY}, {"TEACHKIT_PLUGINS": "json,badin_nosuch"},
+     "plugin 'badin_nosuch' cannot be imported"),
+    ("plugin-missing-dependency", ["train", "{cfg}", "--plugin", "badin_dep"],
+     {"cfg.yaml": TINY, "badin_dep.py": "import badin_not_installed\n"}, {},
+     "plugin 'badin_dep' cannot be imported: ModuleNotFoundError: No module named 'badin_not_installed'"),
+    ("plugin-syntax-error", ["train", "{cfg}", "--plugin", "badin_syntax"],
+     {"cfg.yaml": TINY, "badin_syntax.py": "def f(:\n"}, {}, "plugin 'badin_syntax' cannot be imported: SyntaxError"),
+    ("plugin-reuses-a-name", ["train", "{cfg}", "--plugin", "badin_dup"],
+     {"cfg.yaml": TINY, "badin_dup.py": "from teachkit.data import DATASETS\nDATASETS.register('synthetic')(len)\n"},
+     {}, "plugin 'badin_dup': dataset 'synthetic' registered twice"),
+    ("plugins-not-a-list", ["train", "{cfg}", "plugins=json"], {"cfg.yaml": TINY}, {},
+     "plugins='json' is not allowed: expected a list of a string"),
+    ("plugin-not-a-module-name", ["train", "{cfg}", "plugins=[my-lab/x.py]"], {"cfg.yaml": TINY}, {},
+     "plugin 'my-lab/x.py' is not a module name"),
+    ("plugin-missing-list", ["list", "--plugin", "badin_nosuch"], {}, {}, "plugin 'badin_nosuch' cannot be imported"),
+    ("plugin-missing-eval", ["eval", "{tmp}/x.safetensors", "--plugin", "badin_nosuch"], {"x.safetensors": b"x"},
+     {}, "plugin 'badin_nosuch' cannot be imported"),
+    # --- output folders and escaped I/O errors
+    ("demo-out-is-a-file", ["demo", "--out", "{tmp}/out.txt", "--quick"], {"out.txt": "x"}, {},
+     "demo --out '{tmp}/out.txt' is a file, not a folder"),
+    ("demo-out-under-a-file", ["demo", "--out", "{tmp}/out.txt/demo", "--quick"], {"out.txt": "x"}, {},
+     "is under '{tmp}/out.txt', which is a file"),
+    ("demo-no-seeds", ["demo", "--seeds", "0", "--quick", "--out", "{tmp}/d"], {}, {},
+     "demo --seeds 0 is out of range"),
+    ("out-dir-under-a-file", ["train", "{cfg}", "out_dir={tmp}/f/runs"], {"cfg.yaml": TINY, "f": "x"}, {},
+     "is under '{tmp}/f', which is a file, not a folder"),
+    ("run-folder-is-a-file", ["train", "{cfg}", "name=taken"], {"cfg.yaml": TINY, "runs/taken": "x"}, {},
+     "'{tmp}/runs/taken' is a file, not a folder"),
+    ("escaped-os-error", ["train", "{cfg}", "name=r"], {"cfg.yaml": TINY, "runs/r/config.yaml": DIR}, {},
+     "cannot write '{tmp}/runs/r/config.yaml': Is a directory"),
+    # --- eval
+    ("eval-missing-checkpoint", ["eval", "{tmp}/none.safetensors"], {}, {}, "does not exist"),
+    ("eval-config-as-checkpoint", ["eval", "{cfg}"], {"cfg.yaml": TINY}, {}, "is unreadable"),
+    ("eval-empty-folder", ["eval", "{tmp}/empty"], {"empty": DIR}, {}, "checkpoints/last.safetensors' does not exist"),
+]
+
+
+def make_files(tmp_path: Path, files: dict) -> None:
+    for name, content in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is DIR:
+            path.mkdir(parents=True, exist_ok=True)
+        elif content == TINY:
+            path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+
+
+def expand(argv: list[str], tmp_path: Path) -> list[str]:
+    return [a.replace("{tmp}", str(tmp_path)).replace("{cfg}", str(tmp_path / "cfg.yaml")) for a in argv]
+
+
+def test_row_count():
+    assert len(ROWS) == 61 and len({r[0] for r in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, argv, files, env, fragment):
+    make_files(tmp_path, files)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("TEACHKIT_PLUGINS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        code = main(expand(argv, tmp_path))
+    except BaseException as e:  # noqa: BLE001 -- any escape is the traceback this contract forbids
+        pytest.fail(f"Traceback: {type(e).__name__}: {e}")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("teachkit: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and len(err) < 1000, err
+    assert fragment.replace("{tmp}", str(tmp_path)) in err, err
+
+
+SUBPROCESS_ROWS = ("binary-config", "alias-bomb", "malformed-list-override", "demo-out-is-a-file",
+                   "plugin-missing-env", "escaped-os-error")
+
+
+@pytest.mark.parametrize("row", SUBPROCESS_ROWS)
+def test_bad_input_from_a_real_process(tmp_path, row):
+    """A few rows through ``python -m teachkit.cli``: stderr is exactly one line and holds no traceback."""
+    _, argv, files, env, fragment = next(r for r in ROWS if r[0] == row)
+    make_files(tmp_path, files)
+    full = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    if "TEACHKIT_PLUGINS" not in env:
+        full.pop("TEACHKIT_PLUGINS", None)
+    proc = subprocess.run([sys.executable, "-m", "teachkit.cli", *expand(argv, tmp_path)], capture_output=True,
+                          text=True, env=full, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and fragment.replace("{tmp}", str(tmp_path)) in proc.stderr, proc.stderr
