@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from teachkit.errors import ConfigError
+from teachkit.options import short_repr
 from teachkit.registry import closest
 from teachkit.types import Inputs, Taps, call_model
 
@@ -53,7 +54,7 @@ def _paths(value: Any, key: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise ConfigError(f"model.taps.{key} must be a module path or a list of paths; got {value!r}")
+    raise ConfigError(f"model.taps.{key} must be a module path or a list of paths; got {short_repr(value)}")
 
 
 def _extra(value: Any) -> dict[str, tuple[str, str]]:
@@ -61,7 +62,7 @@ def _extra(value: Any) -> dict[str, tuple[str, str]]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"model.taps.extra must be a mapping of name: module path; got {value!r}")
+        raise ConfigError(f"model.taps.extra must be a mapping of name: module path; got {short_repr(value)}")
     out = {}
     for name, spec in value.items():
         spec = _path_text(spec)
@@ -69,7 +70,7 @@ def _extra(value: Any) -> dict[str, tuple[str, str]]:
             raise ConfigError(f"model.taps.extra.{name}: {name!r} is a built-in tap; choose another name")
         if not isinstance(spec, str) or not spec:
             raise ConfigError(f"model.taps.extra.{name} must be a module path, optionally ending in :input or "
-                              f":output; got {spec!r}")
+                              f":output; got {short_repr(spec)}")
         path, _, where = spec.rpartition(":") if spec.endswith((":input", ":output")) else (spec, "", "output")
         out[str(name)] = (path, where)
     return out
@@ -86,16 +87,16 @@ class TapSpec:
     @classmethod
     def from_dict(cls, d: Any) -> TapSpec:
         if not isinstance(d, Mapping):
-            raise ConfigError(f"model.taps must be a mapping with keys {', '.join(_SPEC_KEYS)}; got {d!r}")
+            raise ConfigError(f"model.taps must be a mapping with keys {', '.join(_SPEC_KEYS)}; got {short_repr(d)}")
         bad = sorted(set(d) - set(_SPEC_KEYS))
         if bad:
             raise ConfigError(f"unknown key model.taps.{bad[0]}; allowed: {', '.join(_SPEC_KEYS)}")
         emb = _path_text(d.get("embedding"))
         if emb is not None and not isinstance(emb, str):
-            raise ConfigError(f"model.taps.embedding must be one module path; got {emb!r}")
+            raise ConfigError(f"model.taps.embedding must be one module path; got {short_repr(emb)}")
         logits = d.get("logits")
         if logits is not None and not isinstance(logits, str):
-            raise ConfigError(f"model.taps.logits must be the name of an output field; got {logits!r}")
+            raise ConfigError(f"model.taps.logits must be the name of an output field; got {short_repr(logits)}")
         return cls(emb, _paths(d.get("stages"), "stages"), _paths(d.get("stages_pre"), "stages_pre"),
                    _extra(d.get("extra")), logits)
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
-from teachkit.options import Options, option
+from teachkit.options import Options, option, short_repr
 from teachkit.registry import Registry, closest
 
 Builder = Callable[..., nn.Module]
@@ -117,7 +117,7 @@ def call_factory(factory: Callable[..., Any], label: str, input_shape: Sequence[
     try:
         model = factory(**kwargs)
     except TypeError as e:
-        raise ConfigError(f"model {label!r} could not be built with options {options!r}: "
+        raise ConfigError(f"model {label!r} could not be built with options {short_repr(options)}: "
                           f"{str(e).splitlines()[0][:200]}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model {label!r} returned a {type(model).__name__}, not an nn.Module")
@@ -127,7 +127,7 @@ def call_factory(factory: Callable[..., Any], label: str, input_shape: Sequence[
 def input_shape_of(input_shape: Any, model: str = "") -> tuple[int, ...]:
     """``input_shape`` (per-sample, no batch dim) as a tuple of positive ints, else a ConfigError."""
     msg = f"model {model!r} needs" if model else "need"
-    msg += f" an input shape of positive ints (no batch dim); got {input_shape!r}"
+    msg += f" an input shape of positive ints (no batch dim); got {short_repr(input_shape)}"
     if isinstance(input_shape, (str, bytes)):
         raise ConfigError(msg)
     try:
@@ -157,7 +157,7 @@ def check_input(model: str, input_shape: Sequence[int], layout: str, min_size: i
 def check_classes(model: str, num_classes: Any) -> int:
     """``num_classes`` is the model's output width: classes, or targets of a regression (>= 1)."""
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ConfigError(f"model {model!r} needs num_classes (its output width) >= 1; got {num_classes!r}")
+        raise ConfigError(f"model {model!r} needs num_classes (its output width) >= 1; got {short_repr(num_classes)}")
     return num_classes
 
 
@@ -226,13 +226,13 @@ def flat_size(features: Callable[[torch.Tensor], torch.Tensor], input_shape: Seq
 
 def positive_int(model: str, option: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"model {model!r} option {option!r} must be a positive int; got {value!r}")
+        raise ConfigError(f"model {model!r} option {option!r} must be a positive int; got {short_repr(value)}")
     return value
 
 
 def fraction(model: str, option: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ConfigError(f"model {model!r} option {option!r} must be a number in [0, 1); got {value!r}")
+        raise ConfigError(f"model {model!r} option {option!r} must be a number in [0, 1); got {short_repr(value)}")
     return float(value)
 
 
