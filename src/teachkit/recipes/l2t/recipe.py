@@ -18,15 +18,24 @@
    the current teacher may follow each episode (to cover more of the schedule). When the student reaches
    the end of its schedule it restarts from the warm start. Per-episode dev objective, dev accuracy and Phi
    statistics go to ``teacher_log.jsonl``; the teacher is saved (atomic safetensors + JSON) to
-   ``teacher.safetensors`` after every good episode.
+   ``teacher.safetensors`` after every good episode, together with everything the phase evolves (Adam's
+   state, the teacher-training student's weights, momentum and step, its warm start, the state tracker, the
+   position in the batch stream) until the last episode, which writes the teacher alone.
 2. **Final student**: a fresh student (same seed) trained by the engine's :class:`~teachkit.engine.Trainer`
    for ``train.epochs`` epochs with the frozen teacher producing Phi_t from the running student state at
    every step (progress from the engine, train EMAs from each batch, dev loss/accuracy from each epoch's
-   validation record). Per-epoch mean Phi statistics go to ``phi_log.jsonl``.
+   validation record). Per-epoch mean Phi statistics go to ``phi_log.jsonl`` and onto the epoch line
+   (``phi mean diag(W) 1.0002, mean b +0.0001``, also the metrics record's ``info``). The state tracker is a
+   buffer-only module handed to the engine with the student, so it is checkpointed and restored with it.
 
 Non-finite hypergradient: the episode stops with a one-line error naming the teacher step; the teacher is
-not updated and the last good one stays on disk. ``--resume``: a finished teacher is reused and the final
-student resumes from its last checkpoint; an unfinished teacher phase restarts from scratch.
+not updated and the last good one stays on disk.
+
+``--resume`` is exact at any interruption: a finished teacher is reused, an unfinished teacher phase continues
+after its last saved episode, and the final student resumes from its last checkpoint (tracker included).
+Each log line is appended before the checkpoint it belongs to, and on resume ``teacher_log.jsonl`` /
+``phi_log.jsonl`` are cut back to the checkpoint's episode / epoch (a line torn by a kill is dropped), so
+they never lose or repeat a record.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +55,9 @@ from torch import Tensor, nn
 from teachkit.config import RunConfig
 from teachkit.data import BatchLoader, Splits
 from teachkit.engine import EpochHooks, FitResult, Trainer
+from teachkit.engine.checkpoint import atomic_write, load_checkpoint, optimizer_from_flat, optimizer_to_flat, strip
 from teachkit.engine.schedule import lr_factor
-from teachkit.errors import ConfigError
+from teachkit.errors import CheckpointError, ConfigError
 from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
 from teachkit.recipes.context import RunContext
@@ -63,11 +74,11 @@ from teachkit.recipes.l2t.hypergrad import (
     unroll,
 )
 from teachkit.recipes.l2t.loss import dev_cross_entropy, l2t_loss_terms, l2t_student_loss, phi_stats, smooth_error
-from teachkit.recipes.l2t.state import StudentStateTracker
+from teachkit.recipes.l2t.state import StudentStateTracker, TrackerModule
 from teachkit.recipes.l2t.teachers import LossTeacher, build_teacher, load_teacher, save_teacher
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TeacherSource
-from teachkit.types import Batch, BatchSource, Progress, StepOutput, upcast
+from teachkit.types import Batch, BatchSource, Evaluator, Progress, StepOutput, upcast
 
 
 @dataclass
@@ -159,32 +170,132 @@ def inner_optimizer(cfg: RunConfig, steps_per_epoch: int) -> InnerOptimizer:
 
 
 class BatchStream:
-    """The training batches in the order the engine's loader yields them, epoch after epoch."""
+    """The training batches in the order the engine's loader yields them, epoch after epoch; ``epoch`` and
+    ``pos`` (batches taken from it) say where it is, and a stream built with them continues from there."""
 
-    def __init__(self, loader: BatchSource) -> None:
-        self.loader, self.epoch = loader, 0
-        self._it = loader.batches(0)
+    def __init__(self, loader: BatchSource, epoch: int = 0, pos: int = 0) -> None:
+        self.loader, self.epoch, self.pos = loader, epoch, 0
+        self._it = loader.batches(epoch)
+        for _ in range(pos):
+            if next(self._it, None) is None:
+                break
+            self.pos += 1
 
     def take(self, n: int) -> list[Batch]:
         out: list[Batch] = []
         while len(out) < n:
             batch = next(self._it, None)
             if batch is None:
-                self.epoch += 1
+                self.epoch, self.pos = self.epoch + 1, 0
                 self._it = self.loader.batches(self.epoch)
                 continue
+            self.pos += 1
             out.append(batch)
         return out
 
 
+def phi_line(stats: dict[str, float]) -> str:
+    """Phi statistics (:func:`~teachkit.recipes.l2t.loss.phi_stats`) as the log lines show them, each number
+    named: ``mean diag(W) 1.0002, mean b +0.0001`` (W = I, b = 0 is the loss -p_y / (1 + p_y))."""
+    return f"mean diag(W) {stats['W_diag_mean']:.4f}, mean b {stats['b_mean']:+.4f}"
+
+
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one record as one line in one write (a kill can only leave the last line torn)."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
+def _jsonl_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL log; a last line torn by a kill is dropped, any other bad line is an error."""
+    if not path.is_file():
+        return []
+    lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise CheckpointError(f"log {str(path)!r} is corrupt at line {i + 1}") from None
+    return out
+
+
+def repair_jsonl(path: Path, key: str, last: int) -> list[dict[str, Any]]:
+    """Cut the log ``path`` back to the records with ``record[key] <= last`` (those of the checkpoint a run
+    resumes from), atomically; remove it when none is left. Returns the records kept."""
+    kept = [r for r in _jsonl_records(path) if r.get(key, 0) <= last]
+    if not kept:
+        path.unlink(missing_ok=True)
+        return kept
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if path.read_text(errors="replace") != text:  # nothing to cut: no write
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    return kept
+
+
+def _inner_tensors(prefix: str, s: InnerState) -> dict[str, Tensor]:
+    """An :class:`InnerState`'s tensors under ``prefix`` (its step goes in the JSON state)."""
+    out = {f"{prefix}params/{i}": p for i, p in enumerate(s.params)}
+    out.update({f"{prefix}velocity/{i}": v for i, v in enumerate(s.velocity)})
+    out.update({f"{prefix}buffers/{k}": b for k, b in s.buffers.items()})
+    return out
+
+
+def _inner_state(prefix: str, tensors: dict[str, Tensor], like: InnerState, step: int,
+                 device: torch.device) -> InnerState:
+    """The :class:`InnerState` saved by :func:`_inner_tensors` (shapes and buffers as ``like``'s)."""
+    t = strip(prefix, tensors)
+    params = [t[f"params/{i}"].to(device) for i in range(len(like.params))]
+    velocity = [t[f"velocity/{i}"].to(device) for i in range(len(like.velocity))]
+    buffers = {k: t[f"buffers/{k}"].to(device) for k in like.buffers}
+    for a, b in zip([*params, *velocity], [*like.params, *like.velocity], strict=True):
+        if a.shape != b.shape:
+            raise KeyError(f"shape {tuple(a.shape)} != {tuple(b.shape)}")
+    return InnerState(params, velocity, buffers, step)
+
+
+class ObservedEvaluator(Evaluator):
+    """``inner`` whose results are handed to ``observe`` as soon as they exist: after the epoch's training,
+    before the engine writes the epoch's checkpoint and metrics line (so what ``observe`` records is in
+    that checkpoint, and what it puts into ``trainer.epoch_info`` is on that line)."""
+
+    def __init__(self, inner: Evaluator, observe: Callable[[dict[str, dict[str, float]]], None]) -> None:
+        self.inner, self.observe = inner, observe
+        self.primary = inner.primary
+
+    def metric_names(self) -> tuple[str, ...]:
+        return self.inner.metric_names()
+
+    def direction(self, metric: str) -> Literal["max", "min"]:
+        return self.inner.direction(metric)
+
+    def is_percent(self, metric: str) -> bool:
+        return self.inner.is_percent(metric)
+
+    def format(self, metric: str, value: float) -> str:
+        return self.inner.format(metric, value)
+
+    def train_metrics(self, outputs: Any, batch: Batch) -> dict[str, Tensor]:
+        return self.inner.train_metrics(outputs, batch)
+
+    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
+        results = self.inner.evaluate(model)
+        self.observe(results)
+        return results
+
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
 def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
     """``l2t.teacher_steps`` episodes of hypergradient descent on the teacher (module docstring), written to
-    ``ctx.run_dir``; returns (teacher, info)."""
+    ``ctx.run_dir``; on ``ctx.resume`` an unfinished phase continues exactly after its last saved episode.
+    Returns (teacher, info)."""
     cfg, splits, run_dir, device = ctx.cfg, ctx.splits, ctx.run_dir, ctx.device
     l2t, tc = cfg.l2t, cfg.train
     mode = check_config(cfg, splits)
@@ -198,7 +309,6 @@ def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
     spe = len(loader)
     total = tc.epochs * spe
     opt = inner_optimizer(cfg, spe)
-    stream = BatchStream(loader)
     dev_loader = BatchLoader(splits.val, min(l2t.dev_batch_size, len(splits.val)), shuffle=True, seed=tc.seed)
     tracker = StudentStateTracker(C)
     objective = objective_fn(cfg)
@@ -210,26 +320,48 @@ def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
     def ce_loss(logits: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(upcast(logits), y)
 
-    state = student.initial_state(0)
-    if l2t.warm_start_steps:
-        warm = unroll(student, state, stream.take(l2t.warm_start_steps), ce_loss, opt, seed=tc.seed)
-        tracker.observe_steps(warm.train_ce, warm.train_acc)
-        state = warm.end
-    start = state.clone()
-
     log_path, teacher_path = run_dir / TEACHER_LOG, run_dir / TEACHER_FILE
-    log_path.write_text("")
-    info = {"teacher_steps": l2t.teacher_steps, "teacher_steps_done": 0, "memory": str(mode),
-            "biased_hypergradient": mode.biased and mode.k < l2t.inner_steps, "objective": l2t.objective}
-    save_teacher(teacher_path, teacher, info)
+    info: dict[str, Any] = {"teacher_steps": l2t.teacher_steps, "teacher_steps_done": 0, "memory": str(mode),
+                            "biased_hypergradient": mode.biased and mode.k < l2t.inner_steps,
+                            "objective": l2t.objective}
+    state = student.initial_state(0)
+    saved = _teacher_phase_saved(teacher_path, teacher, adam, state, device) if ctx.resume else None
+    if saved is not None:  # continue after the last saved episode
+        info, state, start, (epoch, pos) = saved["info"], saved["state"], saved["start"], saved["stream"]
+        tracker.load_state_dict(saved["tracker"])
+        stream = BatchStream(loader, epoch, pos)
+        repair_jsonl(log_path, "step", info["teacher_steps_done"])
+    else:
+        stream = BatchStream(loader)
+        if l2t.warm_start_steps:
+            warm = unroll(student, state, stream.take(l2t.warm_start_steps), ce_loss, opt, seed=tc.seed)
+            tracker.observe_steps(warm.train_ce, warm.train_acc)
+            state = warm.end
+        start = state.clone()
+        log_path.unlink(missing_ok=True)
     T = l2t.inner_steps
+
+    def save(done: int) -> None:
+        """The teacher after ``done`` episodes; with the phase's resume state unless it is finished."""
+        if done == l2t.teacher_steps:
+            save_teacher(teacher_path, teacher, info)
+            return
+        adam_tensors, adam_struct = optimizer_to_flat(adam)
+        extra = {**{f"resume/{k}": v for k, v in adam_tensors.items()}, **_inner_tensors("resume/student/", state),
+                 **_inner_tensors("resume/start/", start)}
+        resume = {"student_step": state.step, "start_step": start.step, "stream": [stream.epoch, stream.pos],
+                  "tracker": tracker.state_dict(), "adam": adam_struct}
+        save_teacher(teacher_path, teacher, {**info, "resume": resume}, extra)
+
+    if saved is None:
+        save(0)
 
     def fresh_if_needed(s: InnerState, steps: int) -> InnerState:
         if l2t.episode_start == "reset" or s.step + steps > total:
             return start  # never modified in place: every step makes new tensors
         return s
 
-    for episode in range(l2t.teacher_steps):
+    for episode in range(info["teacher_steps_done"], l2t.teacher_steps):
         t0 = time.perf_counter()
         state = fresh_if_needed(state, T)
         states = tracker.episode(state.step, T, total, device)
@@ -269,15 +401,40 @@ def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
                   "train_acc": 100 * sum(res.train_acc) / len(res.train_acc), "hypergrad_norm": grad_norm,
                   "phi": stats, "memory": str(mode), "steps_differentiated": res.steps_differentiated,
                   "biased": res.biased, "time_s": time.perf_counter() - t0}
-        _append_jsonl(log_path, record)
+        _append_jsonl(log_path, record)  # before the checkpoint: a resume cuts the log back to it
         info = {**info, "teacher_steps_done": episode + 1, "dev_objective": res.objective,
                 "dev_acc": 100 * res.dev_acc}
-        save_teacher(teacher_path, teacher, info)
+        save(episode + 1)
         if tc.progress:
-            print(f"{cfg.name} teacher {episode + 1}/{l2t.teacher_steps}  M {res.objective:.4f}  "
-                  f"dev {100 * res.dev_acc:.1f}%  |dtheta| {grad_norm:.3g}  "
-                  f"diag(W) {stats['W_diag_mean']:.4f}  b {stats['b_mean']:+.4f}", flush=True)
+            print(f"{cfg.name} teacher step {episode + 1}/{l2t.teacher_steps}  dev {l2t.objective} "
+                  f"{res.objective:.4f}  dev acc {100 * res.dev_acc:.1f}%  |grad theta| {grad_norm:.3g}  "
+                  f"phi {phi_line(stats)}", flush=True)
     return teacher, info
+
+
+def _teacher_phase_saved(path: Path, teacher: LossTeacher, adam: torch.optim.Optimizer, like: InnerState,
+                         device: torch.device) -> dict[str, Any] | None:
+    """An unfinished teacher phase saved in ``path``, loaded into ``teacher`` and ``adam``: its info, the
+    teacher-training student's state and warm start, the tracker's values and the batch stream position;
+    None when there is nothing to continue (no file, or one without resume state)."""
+    if not path.is_file():
+        return None
+    tensors, saved = load_checkpoint(path)
+    resume = saved.get("resume")
+    if not isinstance(resume, dict):
+        return None
+    try:
+        teacher.load_state_dict(strip("teacher/", tensors))
+        optimizer_from_flat(adam, strip("resume/", tensors), resume["adam"])
+        state = _inner_state("resume/student/", tensors, like, int(resume["student_step"]), device)
+        start = _inner_state("resume/start/", tensors, like, int(resume["start_step"]), device)
+        epoch, pos = (int(x) for x in resume["stream"])
+        tracker = dict(resume["tracker"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"cannot resume the teacher phase from {str(path)!r}: it does not fit this run "
+                              f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})") from None
+    info = {k: v for k, v in saved.items() if k not in ("teacher", "resume")}
+    return {"info": info, "state": state, "start": start, "stream": (epoch, pos), "tracker": tracker}
 
 
 def finished_teacher(path: Path, device: torch.device, num_classes: int) -> tuple[LossTeacher, dict] | None:
@@ -295,8 +452,9 @@ def finished_teacher(path: Path, device: torch.device, num_classes: int) -> tupl
 def student_trainer(ctx: RunContext, teacher: LossTeacher,
                     meta: dict[str, Any] | None = None) -> tuple[Trainer, nn.Module]:
     """The engine's Trainer of a fresh student on ``ce_alpha CE + (1 - ce_alpha) L_{Phi_t}`` with
-    Phi_t = teacher(s_t) from the running state, in ``ctx.run_dir`` (resumed from its last checkpoint on
-    ``--resume``); returns (trainer, student)."""
+    Phi_t = teacher(s_t) from the running state, in ``ctx.run_dir`` (resumed exactly from its last checkpoint
+    on ``--resume``: the state tracker is checkpointed with the student as the module ``l2t_state``, and
+    ``phi_log.jsonl`` is cut back to the checkpoint's epoch); returns (trainer, student)."""
     cfg, run_dir, device = ctx.cfg, ctx.run_dir, ctx.device
     ctx.seed()
     student = ctx.model()
@@ -305,15 +463,6 @@ def student_trainer(ctx: RunContext, teacher: LossTeacher,
         p.requires_grad_(False)
     tracker = StudentStateTracker(ctx.splits.num_classes)
     phi_path = run_dir / PHI_LOG
-    last = run_dir / "checkpoints" / "last.safetensors"
-    resume = ctx.resume and last.is_file()
-    if resume and (run_dir / "metrics.jsonl").is_file():  # read before the trainer truncates it to `last`
-        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        if lines:
-            tracker.observe_dev(lines[-1]["val"]["loss"], lines[-1]["val"]["acc"] / 100)
-            tracker.train_acc = lines[-1]["train_acc"] / 100
-    elif phi_path.exists():
-        phi_path.unlink()
     alpha = cfg.l2t.ce_alpha
     acc: dict[str, Any] = {"W": 0.0, "b": 0.0, "n": 0}
 
@@ -331,14 +480,24 @@ def student_trainer(ctx: RunContext, teacher: LossTeacher,
             acc["n"] += 1
         return StepOutput(terms, logits)
 
-    def on_epoch_end(record: dict[str, Any]) -> None:
-        tracker.observe_dev(record["val"]["loss"], record["val"]["acc"] / 100)
-        if acc["n"]:
-            _append_jsonl(phi_path, {"epoch": record["epoch"], **phi_stats(acc["W"] / acc["n"], acc["b"] / acc["n"]),
-                                     "state": tracker.state_dict()})
+    def start(epoch: int) -> None:
         acc.update(W=0.0, b=0.0, n=0)
 
-    trainer = ctx.trainer(student, step, meta=dict(meta or {}), callbacks=[EpochHooks(end=on_epoch_end)])
+    def observe(results: dict[str, dict[str, float]]) -> None:
+        """The epoch's validation: the dev features, its phi_log record and epoch-line columns, all before
+        the engine writes the epoch's checkpoint (which then holds the updated tracker)."""
+        val = results.get("val", {})
+        tracker.observe_dev(val["loss"], val["acc"] / 100)
+        if acc["n"]:
+            stats = phi_stats(acc["W"] / acc["n"], acc["b"] / acc["n"])
+            _append_jsonl(phi_path, {"epoch": trainer.epoch + 1, **stats, "state": tracker.state_dict()})
+            trainer.epoch_info["phi"] = phi_line(stats)
+        acc.update(W=0.0, b=0.0, n=0)
+
+    trainer = ctx.trainer({"model": student, "l2t_state": TrackerModule(tracker)}, step, meta=dict(meta or {}),
+                          callbacks=[EpochHooks(start=start)])
+    trainer.evaluator = ObservedEvaluator(trainer.evaluator, observe)
+    repair_jsonl(phi_path, "epoch", trainer.epoch)  # records after the checkpoint's epoch (or all) go
     return trainer, student
 
 

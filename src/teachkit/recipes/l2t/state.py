@@ -14,6 +14,11 @@ Accuracies are fractions in [0, 1]. Before any observation the features sit at c
 accuracy 1/C). The state is an observation: no gradient flows through it (see
 :mod:`teachkit.recipes.l2t.hypergrad`). Within one teacher episode only ``progress`` advances; the moving
 averages are updated from the episode's recorded steps after it.
+
+The tracker evolves with the student, so exact resume needs it: :class:`TrackerModule` exposes its values
+as float64 buffers (Python floats are float64, so the round trip is bit-exact), checkpointed and restored by
+the engine together with the student; the teacher phase stores :meth:`StudentStateTracker.state_dict` in
+its own checkpoint.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 FEATURES = ("progress", "train_loss", "train_acc", "dev_loss", "dev_acc")
+#: the features that evolve with the student (``progress`` comes from the schedule)
+STATE_KEYS = FEATURES[1:]
 
 
 class StudentStateTracker:
@@ -73,8 +80,34 @@ class StudentStateTracker:
         return torch.tensor(rows, device=device, dtype=dtype)
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("train_loss", "train_acc", "dev_loss", "dev_acc")}
+        """The evolving features (moving averages, last dev values) as floats."""
+        return {k: getattr(self, k) for k in STATE_KEYS}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
+            if k not in STATE_KEYS:
+                raise KeyError(f"unknown student-state feature {k!r}")
             setattr(self, k, float(v))
+
+
+class TrackerModule(nn.Module):
+    """A :class:`StudentStateTracker` as a module without parameters whose float64 buffers mirror its values,
+    so a :class:`~teachkit.engine.Trainer` checkpoints and resumes the state s_t with the student: the buffers
+    are refreshed from the tracker whenever ``state_dict`` is taken and copied back into it on load."""
+
+    def __init__(self, tracker: StudentStateTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+        for k in STATE_KEYS:
+            self.register_buffer(k, torch.tensor(getattr(tracker, k), dtype=torch.float64))
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        with torch.no_grad():
+            for k in STATE_KEYS:
+                getattr(self, k).fill_(getattr(self.tracker, k))
+        return super().state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        out = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self.tracker.load_state_dict({k: getattr(self, k).item() for k in STATE_KEYS})
+        return out

@@ -88,9 +88,12 @@ def build_teacher(kind: str, num_classes: int, state_dim: int, hidden: int = 16,
     raise ConfigError(f"l2t.teacher_model={kind!r} is not allowed; choose one of: {', '.join(TEACHER_MODELS)}")
 
 
-def save_teacher(path: str | Path, teacher: LossTeacher, state: dict[str, Any]) -> str:
-    """Write the teacher's weights and config (plus ``state``) atomically as safetensors + JSON sidecar."""
-    return save_checkpoint(path, prefixed("teacher/", teacher.state_dict()), {**state, "teacher": teacher.config()})
+def save_teacher(path: str | Path, teacher: LossTeacher, state: dict[str, Any],
+                 extra: dict[str, Tensor] | None = None) -> str:
+    """Write the teacher's weights and config (plus ``state``, and ``extra`` tensors such as an unfinished
+    teacher phase's resume state) atomically as safetensors + JSON sidecar."""
+    tensors = {**(extra or {}), **prefixed("teacher/", teacher.state_dict())}
+    return save_checkpoint(path, tensors, {**state, "teacher": teacher.config()})
 
 
 def load_teacher(path: str | Path, device: torch.device | str = "cpu") -> tuple[LossTeacher, dict[str, Any]]:
