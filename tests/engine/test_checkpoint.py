@@ -47,7 +47,7 @@ def test_failed_write_keeps_previous_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(ck, "save_file", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(ck.WriteError, match=r"cannot write '.*c.safetensors': disk full$"):
         save_checkpoint(path, {"w": torch.zeros(3)}, {"epoch": 2})
     monkeypatch.undo()
     tensors, state = load_checkpoint(path)

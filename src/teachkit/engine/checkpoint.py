@@ -6,13 +6,20 @@ tensor), plus a ``.json`` sidecar with the same state and the file's sha256. Fil
 temporary name and renamed into place, so a crash never leaves a half-written checkpoint under the real
 name; a kill between the file's rename and its sidecar's leaves a stale sidecar, which the file's own
 digest recognises (the file is accepted and the sidecar rewritten). Nothing is ever unpickled.
+
+Every write goes through :func:`atomic_write`, which turns an ``OSError`` (disk full, read-only folder, a file
+where a folder should be) into a one-line :class:`WriteError` naming the file and the system's reason; the
+previous version of the file is untouched. A kill can leave a temporary ``.NAME.XXXX.tmp`` beside the file:
+:func:`remove_temporary_files` sweeps them when a run folder is reopened.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,10 +30,37 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from teachkit.errors import CheckpointError
+from teachkit.errors import CheckpointError, TeachkitError
 
 STATE_KEY = "teachkit_state"
 DIGEST_KEY = "teachkit_content_sha256"
+TMP_SUFFIX = ".tmp"
+
+
+class WriteError(TeachkitError):
+    """A file of the run folder could not be written (disk full, read-only, a file in the way): one line
+    naming the file and the system's reason; what was written before is kept."""
+
+
+def os_reason(e: OSError) -> str:
+    """The system's reason of an OSError in a few words (``No space left on device``)."""
+    if e.errno is not None:
+        return os.strerror(e.errno)
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def write_error(path: str | Path, e: OSError) -> WriteError:
+    """``cannot write 'PATH': REASON`` as a :class:`WriteError`."""
+    return WriteError(f"cannot write {str(path)!r}: {os_reason(e)}")
+
+
+def _as_os_error(e: Exception) -> OSError | None:
+    """The OSError inside a safetensors I/O failure (``... I/O error: File too large (os error 27)``)."""
+    m = re.search(r"os error (\d+)", str(e))
+    if m is None:
+        return None
+    code = int(m.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def sha256_file(path: str | Path) -> str:
@@ -38,18 +72,50 @@ def sha256_file(path: str | Path) -> str:
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then rename the temporary file onto ``path``."""
+    """Call ``write(tmp_path)`` then rename the temporary file onto ``path``; an OSError (disk full,
+    read-only folder, ...) is a one-line :class:`WriteError` naming ``path``, and ``path`` keeps its
+    previous content."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = None
     try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file where a folder should be
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)) from None
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+        os.close(fd)
         write(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        _discard(tmp)
+        raise write_error(path, e) from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
+
+
+def _discard(tmp: str | None) -> None:
+    if tmp is not None:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def remove_temporary_files(folder: str | Path) -> list[Path]:
+    """Delete the temporary files (``*.tmp``) a kill left anywhere under ``folder``; return them."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in folder.rglob(f"*{TMP_SUFFIX}"):
+        if tmp.is_file() and not tmp.is_symlink():
+            try:
+                tmp.unlink()
+            except OSError as e:
+                raise write_error(tmp, e) from None
+            removed.append(tmp)
+    return removed
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -77,7 +143,17 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], state: dict[st
     flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     state_json = json.dumps(state)
     meta = {STATE_KEY: state_json, DIGEST_KEY: content_digest(state_json, flat)}
-    atomic_write(path, lambda tmp: save_file(flat, tmp, metadata=meta))
+
+    def write(tmp: str) -> None:
+        try:
+            save_file(flat, tmp, metadata=meta)
+        except SafetensorError as e:  # an I/O failure inside safetensors is not an OSError
+            os_error = _as_os_error(e)
+            if os_error is None:
+                raise
+            raise os_error from None
+
+    atomic_write(path, write)
     digest = sha256_file(path)
     write_json(path.with_suffix(".json"), {**state, "file": path.name, "sha256": digest})
     return digest
@@ -93,7 +169,11 @@ def _read(path: Path, verify: bool = True) -> tuple[dict[str, Tensor], dict, boo
         state_json = meta.get(STATE_KEY, "{}")
         state = json.loads(state_json)
     except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({str(e).splitlines()[0]})") from None
+        reason = os_reason(e) if isinstance(e, OSError) else (str(e).splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({reason})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a teachkit checkpoint (its state is a "
+                              f"{type(state).__name__}, not a mapping)")
     digest = meta.get(DIGEST_KEY)
     if not verify or digest is None:
         return tensors, state, None
@@ -113,9 +193,14 @@ def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple
     if from_sidecar:
         try:
             expect_sha256 = json.loads(sidecar.read_text()).get("sha256")
-        except (json.JSONDecodeError, AttributeError):
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
             raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} is not valid JSON") from None
-    actual = sha256_file(path) if expect_sha256 is not None else None
+        except OSError as e:
+            raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} cannot be read: {os_reason(e)}") from None
+    try:
+        actual = sha256_file(path) if expect_sha256 is not None else None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be read: {os_reason(e)}") from None
     if actual is not None and actual != expect_sha256:
         try:
             tensors, state, intact = _read(path)
@@ -129,6 +214,38 @@ def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple
     if intact is False:
         raise bad
     return tensors, state
+
+
+def _keys(text: str, limit: int = 3) -> str:
+    keys = re.findall(r'"([^"]*)"', text)
+    more = f" and {len(keys) - limit} more" if len(keys) > limit else ""
+    return ", ".join(keys[:limit]) + more
+
+
+def describe_mismatch(e: BaseException, limit: int = 3) -> str:
+    """A ``load_state_dict`` (or optimiser) failure in one line of whole items: missing and unexpected keys
+    (the first few, then a count) and size mismatches, never cut in the middle of a word."""
+    if isinstance(e, KeyError) and e.args:
+        return f"missing {e.args[0]}"
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    if not lines[0].startswith("Error(s) in loading state_dict"):
+        return lines[0]
+    parts = []
+    for line in lines[1:]:
+        size = re.match(r"size mismatch for (\S+): copying a param with shape torch\.Size\((\[.*?\])\) from "
+                        r"checkpoint, the shape in current model is torch\.Size\((\[.*?\])\)", line)
+        if size:
+            parts.append(f"{size.group(1)} has shape {size.group(2)} in the checkpoint but {size.group(3)} here")
+        elif line.startswith("Missing key(s)"):
+            parts.append(f"missing {_keys(line)}")
+        elif line.startswith("Unexpected key(s)"):
+            parts.append(f"unexpected {_keys(line)}")
+        else:
+            parts.append(line.rstrip("."))
+    more = f"; and {len(parts) - limit} more" if len(parts) > limit else ""
+    return "; ".join(parts[:limit]) + more
 
 
 def prefixed(prefix: str, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -177,9 +294,18 @@ class Trajectory:
         manifest = self.folder / self.MANIFEST
         if manifest.is_file():
             try:
-                self.entries = json.loads(manifest.read_text())["checkpoints"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise CheckpointError(f"trajectory manifest {str(manifest)!r} is malformed") from None
+                entries = json.loads(manifest.read_text())["checkpoints"]
+                ok = isinstance(entries, list) and all(
+                    isinstance(e, dict) and type(e.get("epoch")) is int and isinstance(e.get("file"), str)
+                    and isinstance(e.get("sha256"), str) for e in entries)
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+                ok = False
+            except OSError as e:
+                raise CheckpointError(f"trajectory manifest {str(manifest)!r} cannot be read: {os_reason(e)}") \
+                    from None
+            if not ok:
+                raise CheckpointError(f"trajectory manifest {str(manifest)!r} is malformed")
+            self.entries = entries
 
     @staticmethod
     def file_name(epoch: int) -> str:

@@ -17,6 +17,16 @@ The engine does everything else once: autocast, backward, clipping, the NaN guar
 evaluation, the best-on-val record, atomic checkpoints with exact resume, the trajectory, metrics.jsonl,
 summary.json and the progress bar. It never reads the run configuration and never builds data.
 
+Run folder after any interruption: the ``last`` checkpoint stores the epoch's metrics record, so resuming
+rewrites ``metrics.jsonl`` to exactly the epochs the checkpoint has seen, and temporary files a kill left are
+removed. A write that fails (disk full) is a one-line :class:`~teachkit.engine.checkpoint.WriteError`; the
+previous checkpoint stays valid. Resuming with more ``loop.epochs`` than the checkpoint was made with extends
+the run (the learning-rate schedule of the remaining epochs follows the new length).
+
+Output: with ``loop.progress`` a per-epoch line goes to stdout, and a progress bar to stderr only when stderr
+is a terminal (no bar redraws in nohup, SLURM or CI logs); ``progress=False`` silences both. Warnings
+(:meth:`Trainer.warn`) always print.
+
 Host syncs: one per step, the NaN guard reading the loss (the progress bar's running values travel in
 the same transfer); metrics accumulate on the device and are read once per epoch.
 
@@ -42,12 +52,15 @@ from tqdm.auto import tqdm
 
 from teachkit.engine.checkpoint import (
     Trajectory,
+    describe_mismatch,
     load_checkpoint,
     optimizer_from_flat,
     optimizer_to_flat,
     prefixed,
+    remove_temporary_files,
     save_checkpoint,
     strip,
+    write_error,
 )
 from teachkit.engine.optim import OptimConfig, build_optimizer
 from teachkit.engine.runlog import RunLog
@@ -190,6 +203,25 @@ def flat_metrics(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
     return {f"{prefix}_{k}": v for k, v in metrics.items()}
 
 
+def bars_visible() -> bool:
+    """Whether progress bars are drawn: in a notebook, or when stderr is a terminal (not nohup, SLURM, CI)."""
+    if any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__):  # tqdm.auto picked the notebook widget
+        return True
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
+
+
 class Trainer:
     """Train ``modules`` with ``step_fn`` over ``batches``; see the module docstring for the arguments.
 
@@ -210,7 +242,11 @@ class Trainer:
         self.step_fn, self.batches, self.optim_cfg, self.evaluator = step_fn, batches, optim, evaluator
         self.loop, self.callbacks, self.desc = loop, list(callbacks), desc
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise write_error(self.run_dir, e) from None
+        remove_temporary_files(self.run_dir)  # left by a kill in the middle of an atomic write
         self.meta = dict(meta or {})
         self.device = next(self.model.parameters()).device
         for module in self.modules.values():
@@ -239,21 +275,58 @@ class Trainer:
         self.epoch_info: dict[str, Any] = {}
         if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
             self._resume()
+        else:  # a fresh start forgets what an earlier attempt in this folder logged
+            self.log.reset()
+            if self.trajectory is not None:
+                self.trajectory.truncate(-1)
         self.t_start = time.perf_counter()
+
+    def _state_field(self, state: dict[str, Any], key: str, ok: Callable[[Any], bool], expected: str,
+                     default: Any = ...) -> Any:
+        """``state[key]`` when ``ok`` accepts it; a one-line CheckpointError naming the file and the field."""
+        if key not in state:
+            if default is not ...:
+                return default
+            raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: its state has no {key!r} field "
+                                  f"(expected {expected})")
+        value = state[key]
+        if not ok(value):
+            raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: its state field {key}="
+                                  f"{_shown(value)} is not {expected}")
+        return value
 
     def _resume(self) -> None:
         tensors, state = load_checkpoint(self.last_path)
+        field_ = self._state_field
+        epoch = field_(state, "epoch", lambda v: type(v) is int and v >= 0, "a whole number of epochs >= 0")
+        best = field_(state, "best", lambda v: isinstance(v, dict) and type(v.get("epoch")) is int,
+                      "a mapping with the best epoch")
+        opt = field_(state, "optimizer", lambda v: isinstance(v, dict) and isinstance(v.get("state"), dict)
+                     and isinstance(v.get("param_groups"), list), "an optimiser state (state, param_groups)")
+        wall = field_(state, "wall_time_s", _is_number, "a number of seconds", 0.0)
+        warnings = field_(state, "warnings", lambda v: isinstance(v, list), "a list of messages", [])
+        record = field_(state, "record", lambda v: isinstance(v, dict) and v.get("epoch") == epoch,
+                        f"the metrics record of epoch {epoch}", None)
+        seen = field_(state, "samples_seen", _is_number, "a number of samples", 0)
+        train_time = field_(state, "train_time_s", _is_number, "a number of seconds", 0.0)
+        if epoch > self.loop.epochs:
+            raise ConfigError(f"cannot resume from {str(self.last_path)!r}: it finished {epoch} epochs, more than "
+                              f"the {self.loop.epochs} asked for (train.epochs may only grow on resume)")
+        if "rng/torch" not in tensors:
+            raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: it holds no random state "
+                                  f"(rng/torch); it is not a training checkpoint")
         try:
             for name, module in self.modules.items():
                 module.load_state_dict(strip(f"{name}/", tensors))
-            optimizer_from_flat(self.optimizer, tensors, state["optimizer"])
-        except (RuntimeError, KeyError, ValueError, TypeError) as e:
+            optimizer_from_flat(self.optimizer, tensors, opt)
+        except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: it does not fit this run's "
-                                  f"{' + '.join(self.modules)} ({str(e).splitlines()[0][:200]})") from None
+                                  f"{' + '.join(self.modules)} ({describe_mismatch(e)})") from None
         self.rng.load(tensors)
-        self.epoch, self.best, self.wall_before = state["epoch"], state["best"], state.get("wall_time_s", 0.0)
-        self.warnings = [str(w) for w in state.get("warnings", []) or []]
-        self.history = self.log.truncate(self.epoch)
+        self.epoch, self.best, self.wall_before = epoch, best, float(wall)
+        self.samples_seen, self.train_time = int(seen), float(train_time)
+        self.warnings = [str(w) for w in warnings]
+        self.history = self.log.repair(self.epoch, record)
         if self.trajectory is not None:
             self.trajectory.truncate(self.epoch)
 
@@ -264,6 +337,11 @@ class Trainer:
             return
         self.warnings.append(message)
         tqdm.write(f"warning: {self.desc}: {message}", file=sys.stderr)
+
+    @property
+    def wall_time(self) -> float:
+        """Seconds this run has taken so far, over every session (resumes included)."""
+        return self.wall_before + time.perf_counter() - self.t_start
 
     @property
     def done(self) -> bool:
@@ -309,7 +387,7 @@ class Trainer:
         seen = 0
         lr = oc.lr
         t_epoch = time.perf_counter()
-        show = loop.progress
+        show = loop.progress and bars_visible()
         bar = tqdm(self.batches.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{loop.epochs}",
                    disable=not show, leave=False, dynamic_ncols=True)
         for step, batch in enumerate(bar):
@@ -378,10 +456,11 @@ class Trainer:
             self.trajectory.add(epoch + 1, val, weights, state)
         opt_tensors, opt_struct = optimizer_to_flat(self.optimizer)
         self.rng.capture()  # this trainer's stream as of now (inside its context)
-        wall = self.wall_before + time.perf_counter() - self.t_start
+        # the record goes into the checkpoint too: a kill before its metrics line is repaired on resume
         save_checkpoint(self.last_path, {**weights, **opt_tensors, **self.rng.tensors()},
-                        {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": wall,
-                         "warnings": list(self.warnings)})
+                        {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": self.wall_time,
+                         "warnings": list(self.warnings), "samples_seen": self.samples_seen,
+                         "train_time_s": self.train_time, "record": record})
         self.log.log(record)
         if loop.progress:
             tqdm.write(self._epoch_line(record))
@@ -420,19 +499,27 @@ class Trainer:
         if gap > limit:
             self.warn(f"the last epoch's val {m} ({self.evaluator.format(m, now)}) is far "
                       f"{'below' if self.maximise else 'above'} the best ({self.evaluator.format(m, top)} at epoch "
-                      f"{best['epoch']}): training collapsed or diverged late; the summary's best-epoch figures hide it")
+                      f"{best['epoch']}): training collapsed or diverged late; the summary's best-epoch figures "
+                      f"hide it")
 
     def finish(self, **extra_summary: Any) -> FitResult:
         """Write ``summary.json`` (last and best-on-val results, wall time, img/s) and close the logs.
 
         For the selection metric ``m`` (``acc`` by default) the summary holds ``val_m`` / ``test_m`` (last
         epoch), ``best_val_m``, ``test_m_at_best`` and ``best_epoch``; every other metric as ``val_*`` /
-        ``test_*`` of the last epoch."""
+        ``test_*`` of the last epoch. ``wall_time_s`` is this run's own time over every session; a ``cost``
+        mapping given by the recipe is the total of everything the result is made of, so its ``wall_time_s``
+        is set to this run's when missing and is never less than it."""
         m = self.select_metric
         last = self.history[-1] if self.history else {"epoch": self.epoch}
         nan = float("nan")
         best = self.best
         self._warn_collapse(last, best)
+        wall = self.wall_time
+        cost = extra_summary.get("cost")
+        if isinstance(cost, dict):
+            given = cost.get("wall_time_s")
+            extra_summary["cost"] = {**cost, "wall_time_s": max(given, wall) if _is_number(given) else wall}
         summary = {
             **self.meta,
             "epochs": self.loop.epochs,
@@ -445,7 +532,7 @@ class Trainer:
             f"best_val_{m}": best.get("val", {}).get(m, nan),
             f"test_{m}_at_best": best.get("test", {}).get(m, nan),
             **{k: v for split in ("val", "test") for k, v in flat_metrics(split, last.get(split, {})).items()},
-            "wall_time_s": self.wall_before + time.perf_counter() - self.t_start,
+            "wall_time_s": wall,
             "images_per_s": self.samples_seen / self.train_time if self.train_time else nan,
             **extra_summary,
         }

@@ -16,7 +16,7 @@ from torch import nn
 from teachkit.config import RunConfig, from_dict, to_dict, with_changes
 from teachkit.data import DataConfig, Splits, splits_for
 from teachkit.engine import load_checkpoint, resolve_device
-from teachkit.engine.checkpoint import strip
+from teachkit.engine.checkpoint import describe_mismatch, strip
 from teachkit.engine.runlog import RunLog
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.models import FrozenTeacher, ModelConfig, make_model
@@ -49,13 +49,38 @@ def finished_run(folder: Path, device: torch.device | str = "cpu") -> RunResult 
     return RunResult(folder, summary, model, RunLog(folder).records())
 
 
-def composed_cost(results: list[RunResult], teacher_epochs: int, t0: float) -> dict[str, Any]:
-    """The ``cost`` block of a recipe made of several runs: teacher epochs trained in this command, student
-    epochs and teacher forward images summed over the runs, and this command's wall time."""
+def run_wall_time(summary: dict[str, Any]) -> float:
+    """The total wall time of a finished run from its summary: its ``cost.wall_time_s`` (everything the run is
+    made of) when it has one, else its own ``wall_time_s``; 0 when neither is a number."""
+    cost = summary.get("cost")
+    for value in ((cost or {}).get("wall_time_s") if isinstance(cost, dict) else None, summary.get("wall_time_s")):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+            return float(value)
+    return 0.0
+
+
+def composed_cost(results: list[RunResult], teacher_epochs: int, t0: float,
+                  teacher_dir: Path | None = None) -> dict[str, Any]:
+    """The ``cost`` block of a recipe made of several runs: teacher epochs it trains, student epochs and
+    teacher forward images summed over the runs, and ``wall_time_s``, the TOTAL: the wall time of every run the
+    result is made of (each counted over all its sessions, so a resumed or reused run still counts) plus the
+    teacher trained in the recipe's folder (``teacher_dir``, default ``<folder>/teacher`` beside the runs,
+    counted when ``teacher_epochs`` > 0). The composed summary's own ``wall_time_s`` is its final student's
+    (copied from that run's summary), so ``cost.wall_time_s`` >= ``wall_time_s`` always; ``t0`` (when this
+    command started) only bounds it from below when this command took longer than its parts."""
+    wall = sum(run_wall_time(r.summary) for r in results)
+    if teacher_epochs > 0 and results:
+        folder = teacher_dir if teacher_dir is not None else Path(results[0].run_dir).parent / "teacher"
+        summary_file = folder / "summary.json"
+        if summary_file.is_file():
+            try:
+                wall += run_wall_time(json.loads(summary_file.read_text()))
+            except (OSError, json.JSONDecodeError, AttributeError):
+                raise CheckpointError(f"run summary {str(summary_file)!r} is unreadable") from None
     return {"teacher_epochs_trained": teacher_epochs,
             "student_epochs": sum(r.summary.get("epochs", 0) for r in results),
             "teacher_forward_images": sum(r.summary.get("cost", {}).get("teacher_forward_images", 0) for r in results),
-            "wall_time_s": time.perf_counter() - t0}
+            "wall_time_s": max(wall, time.perf_counter() - t0)}
 
 
 def seed_everything(seed: int, deterministic: bool = False) -> None:
@@ -93,30 +118,73 @@ def checkpoint_file(path: str | Path, select: str = "last") -> Path:
     return path
 
 
-def load_model(path: str | Path, select: str = "last", device: torch.device | str = "cpu") -> tuple[nn.Module, dict]:
-    """Rebuild a model from a teachkit checkpoint (file or run folder); returns (model, state)."""
-    file = checkpoint_file(path, select)
-    tensors, state = load_checkpoint(file)
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
+
+
+def _positive_int(value: Any) -> bool:
+    return type(value) is int and value >= 1
+
+
+def shape_and_classes(state: dict[str, Any], file: str | Path | None) -> tuple[tuple[int, ...], int]:
+    """(input shape, class count) a checkpoint's state records; a one-line CheckpointError naming ``file`` and
+    the field when one is missing or of the wrong type."""
+    name = f"checkpoint {str(file)!r}" if file is not None else "the teacher checkpoint"
+    for key, ok, expected in (
+            ("input_shape", lambda v: isinstance(v, list) and bool(v) and all(_positive_int(d) for d in v),
+             "a list of positive integers"),
+            ("num_classes", _positive_int, "a positive integer")):
+        if key not in state:
+            raise CheckpointError(f"{name} has no {key!r} field (expected {expected})")
+        if not ok(state[key]):
+            raise CheckpointError(f"{name} has {key}={_shown(state[key])}, not {expected}")
+    return tuple(state["input_shape"]), state["num_classes"]
+
+
+def model_fields(state: dict[str, Any], file: str | Path) -> tuple[ModelConfig, tuple[int, ...], int]:
+    """(model config, input shape, class count) a checkpoint's state records; a one-line CheckpointError naming
+    ``file`` and the field when one is missing or of the wrong type."""
+    if not isinstance(state.get("model"), dict):
+        missing = "model" not in state
+        raise CheckpointError(f"checkpoint {str(file)!r} does not describe its model (no 'model' field: not a "
+                              f"teachkit model checkpoint)" if missing else
+                              f"checkpoint {str(file)!r} has model={_shown(state['model'])}, not a model config")
+    shape, classes = shape_and_classes(state, file)
     try:
         model_cfg = from_dict(state["model"], ModelConfig)
-        shape, classes = tuple(state["input_shape"]), int(state["num_classes"])
-    except (KeyError, TypeError):
-        raise CheckpointError(f"checkpoint {str(file)!r} does not describe its model (not a teachkit checkpoint)") \
-            from None
-    model = make_model(model_cfg, shape, classes)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {str(file)!r} records a model this version cannot build ({e})") from None
+    return model_cfg, shape, classes
+
+
+def load_model(path: str | Path, select: str = "last", device: torch.device | str = "cpu") -> tuple[nn.Module, dict]:
+    """Rebuild a model from a teachkit checkpoint (file or run folder); returns (model, state). The state also
+    gives the file under ``source_file`` (for messages such as :func:`check_compatible`'s)."""
+    file = checkpoint_file(path, select)
+    tensors, state = load_checkpoint(file)
+    model_cfg, shape, classes = model_fields(state, file)
+    try:
+        model = make_model(model_cfg, shape, classes)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint {str(file)!r} records a model that cannot be built ({e})") from None
     try:
         model.load_state_dict(strip("model/", tensors))
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {str(file)!r} does not fit model {model_cfg.name!r}: "
-                              f"{str(e).splitlines()[0]}") from None
-    return model.to(device), state
+                              f"{describe_mismatch(e)}") from None
+    return model.to(device), {**state, "source_file": str(file)}
 
 
-def check_compatible(teacher_state: dict, splits: Splits) -> None:
-    """Teacher and student/dataset must agree on class count and input shape."""
-    if int(teacher_state["num_classes"]) != splits.num_classes:
-        raise ConfigError(f"teacher has {teacher_state['num_classes']} classes but dataset {splits.name!r} "
-                          f"(and so the student) has {splits.num_classes}")
-    if tuple(teacher_state["input_shape"]) != tuple(splits.input_shape):
-        raise ConfigError(f"teacher takes inputs of shape {tuple(teacher_state['input_shape'])} but dataset "
-                          f"{splits.name!r} has {tuple(splits.input_shape)}")
+def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | None = None) -> None:
+    """Teacher and student/dataset must agree on class count and input shape; the one-line ConfigError names
+    the checkpoint (``source``, default the ``source_file`` that :func:`load_model` records)."""
+    source = source if source is not None else teacher_state.get("source_file")
+    shape, classes = shape_and_classes(teacher_state, source)
+    where = f" (checkpoint {str(source)!r})" if source is not None else ""
+    if classes != splits.num_classes:
+        raise ConfigError(f"teacher has {classes} classes but dataset {splits.name!r} (and so the student) has "
+                          f"{splits.num_classes}{where}")
+    if shape != tuple(splits.input_shape):
+        raise ConfigError(f"teacher takes inputs of shape {shape} but dataset {splits.name!r} has "
+                          f"{tuple(splits.input_shape)}{where}")

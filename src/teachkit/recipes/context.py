@@ -1,14 +1,23 @@
 """One run preamble for every recipe: device, run folder (validated before it is created), data, seeding.
 
-``RunContext.open(cfg, resume, splits, run_dir)`` checks the run folder first (an existing folder needs
-``--resume`` and the same config), then loads the data (a bad dataset leaves no folder behind), then
-creates the folder and writes ``config.yaml`` atomically. The context builds what a recipe hands to the
-engine: models, the training batch source, the task's evaluator, the loop options and a ready
-:class:`~teachkit.engine.Trainer`.
+``RunContext.open(cfg, resume, splits, run_dir)`` validates everything it can before writing anything: the
+run name (one folder name inside ``out_dir``), that the folder can be created and written, the run folder's
+history (see :func:`check_run_dir`), the data, the selection metric and the model (built on the meta device).
+Only then does it create the folder, remove what a kill or a failed attempt left (temporary files; the
+outputs of an attempt that finished no epoch) and write ``config.yaml`` atomically; a refused run leaves
+nothing behind. The context builds what a recipe hands to the engine: models, the training batch source, the
+task's evaluator, the loop options and a ready :class:`~teachkit.engine.Trainer`.
+
+A run folder in which no epoch ever finished (no ``*.safetensors`` anywhere inside it, sub-runs such as
+``teacher/`` included) belongs to a command that failed early: it is reused as if new, with or without
+``--resume``. A folder with a finished epoch needs ``--resume`` and the same config, except keys a section
+declares ``resumable`` and ``train.epochs``, which may grow (the run is extended).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +29,7 @@ from torch import nn
 from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict
 from teachkit.data import BatchLoader, Splits, make_augment
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
-from teachkit.engine.checkpoint import atomic_write
+from teachkit.engine.checkpoint import Trajectory, WriteError, atomic_write, os_reason, remove_temporary_files
 from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError
 from teachkit.models import ModelConfig, make_model
@@ -33,27 +42,121 @@ def resumable(cfg: RunConfig, section: str) -> frozenset[str]:
     return getattr(getattr(cfg, section, None), "resumable", frozenset())
 
 
-def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> None:
-    """Refuse to overwrite a run folder, or to resume it with a config that changes the result (keys a
-    section declares ``resumable``, such as ``train.progress``, may differ)."""
+def check_run_name(name: str) -> None:
+    """A run name is one folder name inside ``out_dir``: not empty, ``.`` or ``..``, without ``/`` or ``\\``."""
+    if not isinstance(name, str) or name.strip() in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"name={name!r} is not allowed: a run name is one folder name inside out_dir (not "
+                          f"empty, '.' or '..', without '/' or '\\')")
+
+
+def check_writable(run_dir: Path) -> None:
+    """The run folder can be created (or exists as a folder) and written; a one-line ConfigError otherwise."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run folder {str(run_dir)!r} is a file, not a folder; choose another name=... or "
+                          f"out_dir=...")
+    existing = run_dir
+    while not existing.exists():
+        if existing.is_symlink():  # a dangling link in the way
+            raise ConfigError(f"cannot create run folder {str(run_dir)!r}: {str(existing)!r} is a broken link")
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing != run_dir and not existing.is_dir():
+        raise ConfigError(f"cannot create run folder {str(run_dir)!r}: {str(existing)!r} is a file, not a "
+                          f"folder (check out_dir)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "run folder" if existing == run_dir else "folder"
+        raise ConfigError(f"cannot write in {what} {str(existing)!r}: {os.strerror(errno.EACCES)} (check "
+                          f"out_dir)")
+
+
+def finished_epoch_files(run_dir: Path) -> list[Path]:
+    """The checkpoints under ``run_dir`` (recursively: sub-runs such as ``teacher/``) that only a finished
+    epoch writes; a trajectory's epoch-0 record (the initialisation) does not count."""
+    if not run_dir.is_dir():
+        return []
+    return [f for f in run_dir.rglob("*.safetensors") if f.name != Trajectory.file_name(0)]
+
+
+#: what an attempt that finished no epoch may have left (removed when the folder is reused)
+STALE_PATTERNS = ("*.jsonl", "summary.json", "teacher.json", Trajectory.MANIFEST, "epoch_0000.*", "*.tmp")
+
+
+def remove_stale_outputs(run_dir: Path) -> None:
+    """Delete the outputs of an earlier attempt that finished no epoch (logs, summaries, sidecars, the
+    epoch-0 trajectory record, sub-runs' configs); ``run_dir/config.yaml`` is rewritten by the caller."""
+    stale = {f for pattern in STALE_PATTERNS for f in run_dir.rglob(pattern)}
+    stale |= {f for f in run_dir.rglob("checkpoints/*.json")}
+    stale |= {f for f in run_dir.rglob("config.yaml") if f.parent != run_dir}
+    for f in sorted(stale):
+        if f.is_file() or f.is_symlink():
+            try:
+                f.unlink()
+            except OSError as e:
+                raise WriteError(f"cannot remove stale {str(f)!r}: {os_reason(e)}") from None
+
+
+def _saved_config(run_dir: Path) -> dict[str, Any]:
     saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        return
+    try:
+        return to_dict(from_dict(read_yaml(saved)))
+    except ConfigError as e:
+        raise ConfigError(f"cannot resume {str(run_dir)!r}: its config.yaml is not a valid config ({e})") from None
+
+
+def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
+    """Refuse to overwrite a run folder that holds a finished epoch, or to resume it with a config that changes
+    the result (keys a section declares ``resumable``, such as ``train.progress``, may differ, and
+    ``train.epochs`` may grow: the run is extended). Returns True when the folder starts afresh (it does not
+    exist, or no epoch finished anywhere inside it: a command that failed early is retried as new)."""
+    if not finished_epoch_files(run_dir):
+        return True
     if not resume:
         raise ConfigError(f"run folder {str(run_dir)!r} already exists; pass --resume to continue it "
                           f"or choose another name=...")
-    old = to_dict(from_dict(read_yaml(saved)))
+    if not (run_dir / "config.yaml").is_file():
+        return False  # made by an older version or by hand: nothing to compare with
+    old = _saved_config(run_dir)
     new = to_dict(cfg)
     for section, values in new.items():
         if isinstance(values, dict):
             before = old.get(section) or {}
             for key, value in values.items():
-                if key not in resumable(cfg, section) and before.get(key) != value:
-                    raise ConfigError(f"cannot resume {str(run_dir)!r}: it was made with {section}.{key}="
-                                      f"{before.get(key)!r}, not {value!r}")
+                if key in resumable(cfg, section) or before.get(key) == value:
+                    continue
+                if (section, key) == ("train", "epochs") and isinstance(before.get(key), int):
+                    if value > before[key]:
+                        continue  # extend the run
+                    raise ConfigError(f"cannot resume {str(run_dir)!r} with train.epochs={value!r}: it was made "
+                                      f"with train.epochs={before[key]!r}; --resume may only raise it")
+                raise ConfigError(f"cannot resume {str(run_dir)!r}: it was made with {section}.{key}="
+                                  f"{before.get(key)!r}, not {value!r}")
         elif section not in ("out_dir",) and old.get(section) != values:
             raise ConfigError(f"cannot resume {str(run_dir)!r}: it was made with {section}="
                               f"{old.get(section)!r}, not {values!r}")
+    return False
+
+
+def _create(folder: Path) -> list[Path]:
+    """``mkdir -p folder``; returns the folders it created (deepest last), a WriteError when it cannot."""
+    missing = []
+    parent = folder
+    while not parent.exists() and parent.parent != parent:
+        missing.append(parent)
+        parent = parent.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"cannot create run folder {str(folder)!r}: {os_reason(e)}") from None
+    return missing[::-1]
+
+
+def _remove_created(created: list[Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()  # only when empty: never removes anything else
+        except OSError:
+            return
 
 
 @dataclass
@@ -70,18 +173,30 @@ class RunContext:
     @classmethod
     def open(cls, cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
              run_dir: str | Path | None = None) -> RunContext:
-        """Validate the run folder, load the data (unless given), check the selection metric and the model
-        against the data, then create the folder with config.yaml: a refused run leaves nothing behind."""
+        """Validate the run name, the folder (writable; its history, see :func:`check_run_dir`), the data
+        (loaded unless given), the selection metric and the model against the data; then create the folder,
+        clear what an interrupted or failed attempt left, and write config.yaml: a refused run leaves nothing
+        behind (a write that fails, e.g. on a full disk, removes the folders it created)."""
         device = resolve_device(cfg.train.device)
+        if run_dir is None:
+            check_run_name(cfg.name)
         folder = Path(run_dir) if run_dir is not None else Path(cfg.out_dir) / cfg.name
-        check_run_dir(cfg, folder, resume)
+        check_writable(folder)
+        fresh = check_run_dir(cfg, folder, resume)
         splits = splits if splits is not None else load_data(cfg.data, device)
         select_metric(EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size), cfg.train.select_metric)
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
             make_model(cfg.model, splits.input_shape, splits.num_classes)
-        folder.mkdir(parents=True, exist_ok=True)
         text = dump_yaml(cfg)
-        atomic_write(folder / "config.yaml", lambda tmp: Path(tmp).write_text(text))
+        created = _create(folder)
+        try:
+            if fresh:
+                remove_stale_outputs(folder)
+            remove_temporary_files(folder)
+            atomic_write(folder / "config.yaml", lambda tmp: Path(tmp).write_text(text))
+        except BaseException:
+            _remove_created(created)
+            raise
         return cls(cfg, folder, device, splits, resume)
 
     def child(self, name: str, cfg: RunConfig, splits: Splits | None = None) -> RunContext:
