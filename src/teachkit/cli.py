@@ -77,9 +77,11 @@ def summary_line(command: str, result) -> str:
         return text if m == "acc" else f"{m} {text}"
 
     wall = s.get("cost", {}).get("wall_time_s", s["wall_time_s"])  # a composed recipe's total
+    warnings = s.get("warnings") or []
+    said = f"  ({len(warnings)} warning{'s' if len(warnings) > 1 else ''} in summary.json)" if warnings else ""
     return (f"{command} finished: {result.run_dir}  val {fmt(s[f'val_{m}'])}  test {fmt(s[f'test_{m}'])}  "
             f"(best val {fmt(s[f'best_val_{m}'])} at epoch {s['best_epoch']}, test there {fmt(s[f'test_{m}_at_best'])})"
-            f"  {wall:.1f}s")
+            f"  {wall:.1f}s{said}")
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -25,3 +25,8 @@ class CheckpointError(TeachkitError):
 
 class NonFiniteLossError(TeachkitError):
     """Training produced NaN or Inf; the last good checkpoint is kept."""
+
+
+class WriteError(TeachkitError):
+    """A file of the run folder could not be written (disk full, read-only, a file in the way): one line
+    naming the file and the system's reason; what was written before is kept."""

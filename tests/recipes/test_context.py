@@ -3,6 +3,7 @@ command, runs may be extended, run names stay inside out_dir, I/O failures are o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -298,3 +299,21 @@ def test_composed_cost_is_the_total_of_its_runs(tmp_path):
 def test_kd_summary_cost_is_not_less_than_its_wall_time(tiny):
     s = distill(tiny(name="kdcost", teacher={"epochs": 1}, train={"epochs": 1})).summary
     assert s["cost"]["wall_time_s"] >= s["wall_time_s"] > 0
+
+
+def test_given_splits_record_the_real_dataset(tmp_path: Path) -> None:
+    """A recipe given ``splits=`` records the data they were made from (not the config's default dataset),
+    so the run folder can be evaluated later; its own batching is kept."""
+    from teachkit.config import from_dict
+    from teachkit.data import load_splits
+    from teachkit.recipes.context import record_data
+
+    splits = load_splits("synthetic", options={"shape": [4], "num_classes": 3, "n_train": 60, "n_test": 30},
+                         split_seed=4)
+    cfg = from_dict({"data": {"name": "digits", "batch_size": 7}})
+    recorded = record_data(cfg, splits)
+    assert recorded.data.name == "synthetic" and recorded.data.split_seed == 4
+    assert recorded.data.options["num_classes"] == 3 and recorded.data.batch_size == 7
+    by_hand = dataclasses.replace(splits, config=None)
+    with pytest.raises(ConfigError, match="splits are of dataset 'synthetic' but data.name is 'digits'"):
+        record_data(cfg, by_hand)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,6 +52,9 @@ class Splits:
     std: Tensor | None = None
     #: classes left out of ``train`` (zero-/few-shot KD); val and test keep them
     omitted: tuple[int, ...] = ()
+    #: the ``data`` section (:class:`~teachkit.data.DataConfig`) these splits were made from, so a run given
+    #: them records the real dataset; ``None`` for splits built by hand
+    config: Any = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -242,4 +242,4 @@ def splits_for(cfg: DataConfig) -> Splits:
 
     splits = [TensorSplit(normalise(s.x, mean, std), s.y) for s in (train, val, test)]
     return Splits(name, *splits, num_classes=k, default_augment=default_augment, task=task,
-                  mean=mean, std=std, omitted=tuple(sorted(set(cfg.omit_classes))))
+                  mean=mean, std=std, omitted=tuple(sorted(set(cfg.omit_classes))), config=cfg)

@@ -30,16 +30,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from teachkit.errors import CheckpointError, TeachkitError
+from teachkit.errors import CheckpointError, WriteError
 
 STATE_KEY = "teachkit_state"
 DIGEST_KEY = "teachkit_content_sha256"
 TMP_SUFFIX = ".tmp"
-
-
-class WriteError(TeachkitError):
-    """A file of the run folder could not be written (disk full, read-only, a file in the way): one line
-    naming the file and the system's reason; what was written before is kept."""
 
 
 def os_reason(e: OSError) -> str:

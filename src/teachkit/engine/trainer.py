@@ -331,12 +331,14 @@ class Trainer:
             self.trajectory.truncate(self.epoch)
 
     def warn(self, message: str) -> None:
-        """Print ``warning: message`` on one line (stderr, also outside a terminal) and keep it for the
-        summary's ``warnings`` list (and across a resume); a message given twice is shown once."""
+        """Print ``warning: message`` on one line (stderr, also outside a terminal; not with
+        ``progress=false``, i.e. ``--quiet``) and keep it for the summary's ``warnings`` list (and across a
+        resume); a message given twice is kept once."""
         if message in self.warnings:
             return
         self.warnings.append(message)
-        tqdm.write(f"warning: {self.desc}: {message}", file=sys.stderr)
+        if self.loop.progress:
+            tqdm.write(f"warning: {self.desc}: {message}", file=sys.stderr)
 
     @property
     def wall_time(self) -> float:

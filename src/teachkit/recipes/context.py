@@ -16,6 +16,7 @@ declares ``resumable`` and ``train.epochs``, which may grow (the run is extended
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from collections.abc import Mapping, Sequence
@@ -26,12 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict
+from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict, with_changes
 from teachkit.data import BatchLoader, Splits, make_augment
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
-from teachkit.engine.checkpoint import Trajectory, WriteError, atomic_write, os_reason, remove_temporary_files
+from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
 from teachkit.engine.trainer import select_metric
-from teachkit.errors import ConfigError
+from teachkit.errors import ConfigError, WriteError
 from teachkit.models import ModelConfig, make_model
 from teachkit.recipes.common import load_data, model_meta, seed_everything
 from teachkit.types import Evaluator
@@ -159,6 +160,28 @@ def _remove_created(created: list[Path]) -> None:
             return
 
 
+#: ``data`` keys that say how the data is batched, not which data it is: a run keeps its own
+BATCHING_KEYS = ("batch_size", "eval_batch_size", "augment")
+
+
+def record_data(cfg: RunConfig, splits: Splits) -> RunConfig:
+    """``cfg`` with the ``data`` section the given ``splits`` were made from (their dataset, root, options,
+    split and subset settings; ``cfg``'s batching kept), so the run folder names the data it really used and
+    can be evaluated or resumed later. Splits built by hand (no recorded section) must match ``data.name``."""
+    made_from = splits.config
+    if made_from is None:
+        if splits.name != cfg.data.name:
+            raise ConfigError(f"the given splits are of dataset {splits.name!r} but data.name is "
+                              f"{cfg.data.name!r}; build them with teachkit.data.load_splits (which records how) "
+                              "or set data.name to match")
+        return cfg
+    changes = {f.name: getattr(made_from, f.name) for f in dataclasses.fields(made_from)
+               if f.name not in BATCHING_KEYS}
+    if all(getattr(cfg.data, k) == v for k, v in changes.items()):
+        return cfg
+    return with_changes(cfg, data=changes)
+
+
 @dataclass
 class RunContext:
     """A run's validated folder, device, data (the student's ``splits``) and config."""
@@ -178,6 +201,8 @@ class RunContext:
         clear what an interrupted or failed attempt left, and write config.yaml: a refused run leaves nothing
         behind (a write that fails, e.g. on a full disk, removes the folders it created)."""
         device = resolve_device(cfg.train.device)
+        if splits is not None:
+            cfg = record_data(cfg, splits)
         if run_dir is None:
             check_run_name(cfg.name)
         folder = Path(run_dir) if run_dir is not None else Path(cfg.out_dir) / cfg.name
