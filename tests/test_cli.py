@@ -235,3 +235,10 @@ def test_os_error_that_escapes_is_one_line(tmp_path, capsys, monkeypatch):
     assert main(["train", "cfg.yaml"]) == 2
     assert capsys.readouterr().err == (f"teachkit: error: cannot write {str(tmp_path / 'runs')!r}: "
                                        f"No space left on device\n")
+
+
+def test_list_models_shows_each_models_options(capsys) -> None:
+    assert main(["list", "models"]) == 0
+    out = capsys.readouterr().out
+    assert "options: depth, width=1.0, shortcut='A'" in out  # resnet_cifar: depth has no default
+    assert "options: hidden=(500,), dropout=0.0" in out

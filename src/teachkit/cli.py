@@ -240,6 +240,7 @@ def _list(args: argparse.Namespace) -> int:
     from teachkit.engine import EVALUATORS
     from teachkit.losses import LOSSES, OBJECTIVES
     from teachkit.models import MODELS
+    from teachkit.models.zoo import describe_builder
     from teachkit.options import describe
     from teachkit.recipes import RECIPES
     from teachkit.registry import import_plugins
@@ -257,6 +258,8 @@ def _list(args: argparse.Namespace) -> int:
                 print(f"  {e.name:<{width}}  {e.description}")
                 if e.options is not None:
                     print(f"  {'':<{width}}    options: {describe(e.options)}")
+                elif reg is MODELS and describe_builder(e.obj):
+                    print(f"  {'':<{width}}    options: {describe_builder(e.obj)}")
     return 0
 
 

@@ -174,6 +174,19 @@ def option_names(builder: Builder) -> tuple[list[str], bool]:
     return names, var_kw
 
 
+def describe_builder(builder: Builder) -> str:
+    """A builder's options with defaults, as ``teachkit list models`` shows them: ``width=1, shortcut='B'``
+    (``depth`` without a default is required); empty when it takes none."""
+    params = list(inspect.signature(builder).parameters.values())[2:]
+    parts = []
+    for p in params:
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            parts.append("**any")
+        elif p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            parts.append(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}")
+    return ", ".join(parts)
+
+
 def build_model(name: str, input_shape: Sequence[int], num_classes: int, **options: Any) -> nn.Module:
     """Build the registered model ``name`` for per-sample ``input_shape`` and ``num_classes``.
 
