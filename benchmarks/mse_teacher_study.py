@@ -1,7 +1,9 @@
 """Small-scale "How to train the teacher" study: CE vs MSE teacher under every distillation method.
 
 On an offline dataset (default mnist5k: LeNet teachers on 3,600 images, LeNet-5-sized students on a
-stratified 500-image subset), >= 3 paired seeds, every method of the ECCV 2024 paper plus FitNet.
+stratified 500-image subset), >= 3 paired seeds, every method of the ECCV 2024 paper plus FitNet. Every
+seed trains its own CE and MSE teachers and draws its own student subset (``data.subset_seed``), with
+val/test fixed by ``data.split_seed``, so the intervals cover teacher, subset and student-init variation.
 Prints a mean +- std table and writes it (Markdown + JSON + plot) under --out. Sized for <= 20
 minutes on 2 CPU cores; report the numbers whatever they show.
 

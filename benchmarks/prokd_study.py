@@ -1,12 +1,13 @@
 """Small-scale Pro-KD study: a large teacher-student capacity gap, every trajectory method, paired seeds.
 
 Default: MNIST-1D (generated locally), a wide CNN teacher (cnn1d, 128 channels) recorded every epoch,
-a tiny MLP student (one hidden layer of 32) on the full training split; per seed: no KD, KD, TAKD
+trained anew for every seed (teacher seed = the seed; val/test fixed by data.split_seed), a tiny MLP
+student (one hidden layer of 32) on the full training split; per seed: no KD, KD, TAKD
 (TA: cnn1d with 8 channels), RCO, Annealing-KD, Pro-KD (replay of the recorded teacher) and an
 early-stopped teacher (ESKD, teacher epoch E/3), all at the same student epochs (student and TA lr 0.01,
 teacher lr 0.05). Prints a Markdown table (mean +- std over seeds, paired difference against KD) and
 plots student validation accuracy against epoch for each method next to the teacher's own curve.
-<= 20 minutes on 2 CPU cores.
+The intervals cover teacher seed and student seed (``COVERS``). <= 20 minutes on 2 CPU cores.
 
     python benchmarks/prokd_study.py [--data mnist1d|mnist5k] [--seeds 3] [--quick]
 """
@@ -38,6 +39,9 @@ SETTINGS = {
                 "student_lr": 0.01},
 }
 METHODS = ["no KD", "KD", "TAKD", "RCO", "Annealing-KD", "Pro-KD", "ESKD"]
+COVERS = ("per seed s, a new teacher (init and batch order, train.seed=s, recorded every epoch) and new students "
+          "(train.seed=s: init and batch order; every student uses the full training split, so there is no "
+          "subset to draw); val/test fixed (data.split_seed=0); paired within a seed")
 
 
 def main() -> None:
@@ -65,27 +69,35 @@ def main() -> None:
     device = device_of(base)
     splits = load_data(base.data, device)
     t0 = time.perf_counter()
-    teacher_cfg = with_changes(base, name="teacher", model=base.teacher.model, optim=base.teacher.optim,
-                               train={"epochs": s["teacher_epochs"], "save_every": 1, "seed": 0})
-    teacher = RECIPES.get("train")(teacher_cfg, splits=splits)
-    recorded = {"checkpoint": str(teacher.run_dir)}
     runs = {m: [] for m in METHODS}
     curves = {m: [] for m in METHODS}
+    teachers = []
     recipe_of = {"no KD": "train", "KD": "kd", "TAKD": "takd", "RCO": "rco", "Annealing-KD": "annealing",
                  "Pro-KD": "prokd", "ESKD": "eskd"}
-    bar = tqdm(total=args.seeds * len(METHODS), desc="runs", dynamic_ncols=True)
+    print(f"intervals cover: {COVERS}")
+    bar = tqdm(total=args.seeds * (1 + len(METHODS)), desc="runs", dynamic_ncols=True)
     for seed in range(args.seeds):
+        teacher_cfg = with_changes(base, name=f"seed{seed}-teacher", model=base.teacher.model, optim=base.teacher.optim,
+                                   train={"epochs": s["teacher_epochs"], "save_every": 1, "seed": seed})
+        teacher = RECIPES.get("train")(teacher_cfg, splits=splits, run_dir=out_dir / f"seed{seed}" / "teacher")
+        teachers.append(teacher)
+        bar.update(1)
+        recorded = {"checkpoint": str(teacher.run_dir)}
         for method in METHODS:
-            cfg = with_changes(base, name=f"seed{seed}/{recipe_of[method]}", train={"seed": seed}, teacher=recorded)
-            result = RECIPES.get(recipe_of[method])(cfg, splits=splits)
+            cfg = with_changes(base, name=f"seed{seed}-{recipe_of[method]}", train={"seed": seed}, teacher=recorded)
+            result = RECIPES.get(recipe_of[method])(cfg, splits=splits,
+                                                    run_dir=out_dir / f"seed{seed}" / recipe_of[method])
             runs[method].append(result.summary)
             curves[method].append([r["val"]["acc"] for r in result.history])
             bar.update(1)
     bar.close()
     kd = [r["test_acc"] for r in runs["KD"]]
     results = {"dataset": args.data, "seeds": args.seeds, "setting": s, "wall_time_s": time.perf_counter() - t0,
-               "teacher": {"val_acc": teacher.summary["val_acc"], "test_acc": teacher.summary["test_acc"],
-                           "curve": [r["val"]["acc"] for r in teacher.history]},
+               "interval_covers": COVERS,
+               "teacher": {"val_acc": [t.summary["val_acc"] for t in teachers],
+                           "test_acc": [t.summary["test_acc"] for t in teachers],
+                           "curve": [sum(t.history[i]["val"]["acc"] for t in teachers) / len(teachers)
+                                     for i in range(min(len(t.history) for t in teachers))]},
                "students": {m: {"test_acc": [r["test_acc"] for r in rs], "val_acc": [r["val_acc"] for r in rs],
                                 "test_acc_at_best": [r["test_acc_at_best"] for r in rs],
                                 "cost": rs[0].get("cost", {}),
@@ -114,8 +126,8 @@ def render(r: dict) -> str:
     s = r["setting"]
     lines = [f"## Pro-KD study: {r['dataset']} ({r['seeds']} seeds); teacher {s['teacher']['name']} "
              f"{s['teacher'].get('options', {})}, student {s['student']['name']} {s['student'].get('options', {})}",
-             "", f"Teacher: val {r['teacher']['val_acc']:.2f}%, test {r['teacher']['test_acc']:.2f}% after "
-             f"{s['teacher_epochs']} epochs. Students: {s['student_epochs']} epochs each.", "",
+             "", f"Teacher (one per seed): val {fmt(r['teacher']['val_acc'])}%, test {fmt(r['teacher']['test_acc'])}% "
+             f"after {s['teacher_epochs']} epochs. Students: {s['student_epochs']} epochs each.", "",
              "| method | val % (last) | test % (last) | test % at best val | test diff vs KD [95% CI] "
              "| teacher epochs trained | teacher forward images |", "|---|---|---|---|---|---|---|"]
     for m, e in r["students"].items():
@@ -123,9 +135,10 @@ def render(r: dict) -> str:
         cost = e["cost"]
         lines.append(f"| {m} | {fmt(e['val_acc'])} | {fmt(e['test_acc'])} | {fmt(e['test_acc_at_best'])} | {diff} | "
                      f"{cost.get('teacher_epochs_trained', 0)} | {cost.get('teacher_forward_images', 0):,} |")
-    lines += ["", "Teacher trained once (seed 0) and recorded every epoch; Pro-KD, RCO and ESKD replay it, KD and "
-              "Annealing-KD use its final epoch, TAKD distils a TA from it per seed. Paired seeds (same student "
-              f"init and batch order). Total wall time {r['wall_time_s']:.0f} s."]
+    lines += ["", "A teacher is trained per seed and recorded every epoch; Pro-KD, RCO and ESKD replay it, KD and "
+              "Annealing-KD use its final epoch, TAKD distils a TA from it. mean +- std over seeds; intervals are "
+              f"paired 95% t intervals. What varies with the seed (what they cover): {r['interval_covers']}. "
+              f"Total wall time {r['wall_time_s']:.0f} s."]
     return "\n".join(lines)
 
 

@@ -95,7 +95,7 @@ def test_replay_errors(tiny, tmp_path):
         RECIPES.get("prokd")(prokd_cfg(tiny, "r3", prokd={"mode": "replay"},
                                        teacher={"checkpoint": str(three.run_dir)}))
     with pytest.raises(ConfigError, match="online mode trains the teacher itself"):
-        RECIPES.get("prokd")(prokd_cfg(tiny, "r4", teacher={"checkpoint": str(rec.run_dir)}))
+        RECIPES.get("prokd")(prokd_cfg(tiny, "r4", prokd={"mode": "online"}, teacher={"checkpoint": str(rec.run_dir)}))
 
 
 @pytest.mark.parametrize("recipe", ["annealing", "rco"])

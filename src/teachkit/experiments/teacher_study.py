@@ -1,10 +1,13 @@
 """CE vs MSE teachers (ECCV 2024) across distillation methods, with paired seeds.
 
-Protocol: one CE and one MSE teacher train on the full training split; students learn from a fixed,
-stratified subset of it (the regime where distillation matters: the teacher has seen more data than
-the student). For every seed, the no-KD student and every (method, teacher) student share the init
-and the batch order (paired design), so paired differences isolate the method and the teacher.
-Selection uses the validation split carved from training data; test is only reported.
+Protocol: for every seed s, a CE and an MSE teacher train on the full training split (teacher seed s:
+init and batch order), and the students learn from a stratified subset of it drawn with
+``data.subset_seed=s`` (the regime where distillation matters: the teacher has seen more data than the
+student). Val and test are fixed by ``data.split_seed`` for every seed, so no teacher ever trains on them.
+Within a seed the no-KD student and every (method, teacher) student share the subset, the init and the
+batch order, and the CE and MSE teachers share theirs (paired design): paired differences isolate the method
+and the teacher's loss, and their intervals cover teacher, subset and student-initialisation variation
+(:data:`INTERVAL_COVERS`). Selection uses the validation split; test is only reported.
 ``teachkit demo`` is this protocol with Hinton KD alone; ``benchmarks/mse_teacher_study.py`` runs
 every method.
 """
@@ -26,6 +29,10 @@ from teachkit.recipes import distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
 
 TEACHER_LOSSES = ("ce", "mse")
+#: what the spread and the intervals of a study cover (printed under its table and kept in results.json)
+INTERVAL_COVERS = ("per seed s, a new CE and MSE teacher (teacher seed s: init and batch order), a new student "
+                   "subset (data.subset_seed=s) and a new student init and batch order (train.seed=s); val/test "
+                   "fixed (data.split_seed={split_seed}); paired within a seed")
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,17 @@ def base_config(s: StudySetting, out_dir: Path) -> RunConfig:
     })
 
 
+def teacher_config(cfg: RunConfig, s: StudySetting, loss: str, seed: int) -> RunConfig:
+    """Seed ``seed``'s teacher with ``loss``: the full training split, its own init and batch order."""
+    return with_changes(cfg, name=f"seed{seed}-teacher-{loss}", model=cfg.teacher.model, optim=cfg.teacher.optim,
+                        train={"epochs": s.teacher_epochs, "loss": loss, "seed": seed},
+                        data={"train_subset": None, "subset_seed": None})
+
+
 def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int | None = None,
               title: str = "teacher study") -> dict:
-    """Train the two teachers, then no-KD and every (method, teacher) student for each seed."""
+    """For each seed: train the two teachers and draw the student subset, then no-KD and every (method,
+    teacher) student."""
     n_seeds = s.seeds if seeds is None else seeds
     if n_seeds < 1:
         raise ConfigError(f"--seeds={n_seeds} is not allowed: must be >= 1")
@@ -71,43 +86,53 @@ def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int |
     device = device_of(cfg)
     t0 = time.perf_counter()
     teacher_splits = load_data(cfg.data, device, subset=False)
-    student_splits = load_data(cfg.data, device)
-    total = len(TEACHER_LOSSES) + n_seeds * (1 + len(methods) * len(TEACHER_LOSSES))
-    print(f"teachkit {title} on {s.data}: teachers {s.teacher['name']} on {len(teacher_splits.train)} training "
-          f"examples (CE and MSE); students {s.student['name']} on a stratified subset of "
-          f"{len(student_splits.train)}; val {len(student_splits.val)}, test {len(student_splits.test)}; "
-          f"methods {', '.join(methods)}; {n_seeds} seeds; {total} runs -> {out_dir}")
+    covers = INTERVAL_COVERS.format(split_seed=cfg.data.split_seed)
+    per_seed = len(TEACHER_LOSSES) + 1 + len(methods) * len(TEACHER_LOSSES)
+    total = n_seeds * per_seed
+    subset = s.train_subset if s.train_subset is not None else len(teacher_splits.train)
+    print(f"teachkit {title} on {s.data}: per seed, CE and MSE teachers {s.teacher['name']} on "
+          f"{len(teacher_splits.train)} training examples and students {s.student['name']} on a stratified subset "
+          f"of {subset}; val {len(teacher_splits.val)}, test {len(teacher_splits.test)}; methods {', '.join(methods)}; "
+          f"{n_seeds} seeds; {total} runs -> {out_dir}")
+    print(f"intervals cover: {covers}")
     bar = tqdm(total=total, desc="runs", dynamic_ncols=True)
-    teachers = {}
-    for loss in TEACHER_LOSSES:
-        tcfg = with_changes(cfg, name=f"teacher-{loss}", model=cfg.teacher.model, optim=cfg.teacher.optim,
-                            train={"epochs": s.teacher_epochs, "loss": loss, "seed": 0},
-                            data={"train_subset": None})
-        teachers[loss] = train_model(tcfg, splits=teacher_splits).summary
-        bar.update(1)
+    teachers: dict[str, list[dict]] = {loss: [] for loss in TEACHER_LOSSES}
     students: dict[str, list[dict]] = {"none": []}
+    student_size = 0
     for seed in range(n_seeds):
-        student = with_changes(cfg, train={"seed": seed})
-        students["none"].append(train_model(with_changes(student, name=f"seed{seed}/no-kd"),
-                                            splits=student_splits).summary)
+        for loss in TEACHER_LOSSES:
+            teachers[loss].append(train_model(teacher_config(cfg, s, loss, seed), splits=teacher_splits,
+                                              run_dir=out_dir / f"seed{seed}" / f"teacher-{loss}").summary)
+            bar.update(1)
+        student = with_changes(cfg, train={"seed": seed}, data={"subset_seed": seed})
+        student_splits = load_data(student.data, device)
+        student_size = len(student_splits.train)
+        students["none"].append(train_model(with_changes(student, name=f"seed{seed}-no-kd"), splits=student_splits,
+                                            run_dir=out_dir / f"seed{seed}" / "no-kd").summary)
         bar.update(1)
         for method in methods:
             for loss in TEACHER_LOSSES:
-                run = with_changes(student, name=f"seed{seed}/{method}-{loss}-teacher",
-                                   teacher={"checkpoint": str(out_dir / f"teacher-{loss}")},
+                run = with_changes(student, name=f"seed{seed}-{method}-{loss}-teacher",
+                                   teacher={"checkpoint": str(out_dir / f"seed{seed}" / f"teacher-{loss}")},
                                    kd={"method": method,
                                        "options": {method: s.method_options[method]} if method in s.method_options
                                        else {}})
-                students.setdefault(f"{method}/{loss}", []).append(distill(run, splits=student_splits).summary)
+                folder = out_dir / f"seed{seed}" / f"{method}-{loss}-teacher"
+                students.setdefault(f"{method}/{loss}", []).append(distill(run, splits=student_splits,
+                                                                           run_dir=folder).summary)
                 bar.update(1)
     bar.close()
     results = {"title": title, "dataset": s.data, "seeds": n_seeds, "methods": methods,
                "teacher_model": s.teacher["name"], "student_model": s.student["name"],
-               "teacher_train_size": len(teacher_splits.train), "student_train_size": len(student_splits.train),
-               "wall_time_s": time.perf_counter() - t0,
-               "teachers": {k: {key: v[key] for key in ("val_acc", "test_acc", "wall_time_s")}
-                            for k, v in teachers.items()},
+               "teacher_train_size": len(teacher_splits.train), "student_train_size": student_size,
+               "teacher_epochs": s.teacher_epochs, "student_epochs": s.student_epochs,
+               "interval_covers": covers, "wall_time_s": time.perf_counter() - t0,
+               "teachers": {loss: {"val_acc": [r["val_acc"] for r in runs], "test_acc": [r["test_acc"] for r in runs],
+                                   "wall_time_s": sum(r["wall_time_s"] for r in runs)}
+                            for loss, runs in teachers.items()},
                "students": {k: summarize_runs(v, students["none"]) for k, v in students.items()}}
+    results["teachers"]["mse"]["mse_minus_ce"] = paired_interval(results["teachers"]["mse"]["test_acc"],
+                                                                 results["teachers"]["ce"]["test_acc"])
     for method in methods:
         ce, mse = students[f"{method}/ce"], students[f"{method}/mse"]
         results["students"][f"{method}/mse"]["mse_minus_ce"] = paired_interval(
@@ -150,21 +175,24 @@ def row_label(key: str) -> str:
 
 
 def render(r: dict) -> str:
-    lines = [f"## teachkit {r['title']}: {r['dataset']} ({r['seeds']} seeds; {r['teacher_model']} teachers on "
-             f"{r['teacher_train_size']} examples, {r['student_model']} students on {r['student_train_size']})", "",
+    lines = [f"## teachkit {r['title']}: {r['dataset']} ({r['seeds']} seeds; per seed, {r['teacher_model']} teachers "
+             f"on {r['teacher_train_size']} examples and {r['student_model']} students on a subset of "
+             f"{r['student_train_size']})", "",
              "| model | val acc % (last epoch) | test acc % (last epoch) | test % at best val epoch "
              "| test diff vs no KD [95% CI] | MSE - CE teacher [95% CI] | wall s |",
              "|---|---|---|---|---|---|---|"]
     for loss, t in r["teachers"].items():
-        lines.append(f"| teacher ({loss.upper()}) | {t['val_acc']:.2f} | {t['test_acc']:.2f} | | | | "
+        mse_ce = _ci(t["mse_minus_ce"]) if "mse_minus_ce" in t else ""
+        lines.append(f"| teacher ({loss.upper()}) | {_fmt(t['val_acc'])} | {_fmt(t['test_acc'])} | | | {mse_ce} | "
                      f"{t['wall_time_s']:.1f} |")
     for key, e in r["students"].items():
         diff = _ci(e["diff_vs_no_kd"]) if "diff_vs_no_kd" in e else ""
         mse_ce = _ci(e["mse_minus_ce"]) if "mse_minus_ce" in e else ""
         lines.append(f"| student: {row_label(key)} | {_fmt(e['val_acc'])} | {_fmt(e['test_acc'])} | "
                      f"{_fmt(e['test_acc_at_best_val'])} | {diff} | {mse_ce} | {e['wall_time_s']:.1f} |")
-    lines += ["", "mean +- std over seeds (sample std); paired: same student init and batch order per seed; "
-              f"intervals are paired 95% t intervals. Total wall time {r['wall_time_s']:.0f} s."]
+    lines += ["", "mean +- std over seeds (sample std); intervals are paired 95% t intervals over seeds. What varies "
+              f"with the seed (so what the spread and the intervals cover): {r['interval_covers']}. "
+              f"Total wall time {r['wall_time_s']:.0f} s."]
     return "\n".join(lines)
 
 

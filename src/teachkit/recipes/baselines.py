@@ -6,6 +6,10 @@
 - ESKD (Cho & Hariharan 2019): distil from the teacher checkpoint after epoch ``eskd.epoch``.
 - Checkpoint search (``eskd.search=true``): one student per saved teacher checkpoint; the best student
   on validation names the checkpoint; the total cost of the search is reported.
+
+ESKD reads the teacher's checkpoints through its validated trajectory manifest (``Trajectory.epochs`` /
+``.path``; sha256 from the manifest), never by file name; each student run is named after the teacher
+epoch it follows (``<name>/from-epoch-0003``), and a line before it says which checkpoint that is.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, with_changes
 from teachkit.data import Splits
@@ -89,10 +95,14 @@ def eskd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
             raise ConfigError(f"eskd.epoch={cfg.eskd.epoch} has no teacher checkpoint; saved epochs: {available}")
         epochs = [cfg.eskd.epoch]
     runs = {}
-    for epoch in epochs:
-        student_cfg = with_changes(cfg, teacher={"checkpoint": str(trajectory.path(epoch))}, kd={"method": "kd"})
-        runs[epoch] = distill(student_cfg, resume=resume, splits=ctx.splits,
-                              run_dir=ctx.run_dir / f"from-epoch-{epoch:04d}")
+    for i, epoch in enumerate(epochs, start=1):
+        folder = f"from-epoch-{epoch:04d}"
+        student_cfg = with_changes(cfg, name=f"{cfg.name}/{folder}", kd={"method": "kd"},
+                                   teacher={"checkpoint": str(trajectory.path(epoch))})
+        if cfg.train.progress:
+            tqdm.write(f"{cfg.name}: student {i}/{len(epochs)} follows the teacher checkpoint after epoch {epoch} "
+                       f"({trajectory.path(epoch)})")
+        runs[epoch] = distill(student_cfg, resume=resume, splits=ctx.splits, run_dir=ctx.run_dir / folder)
     metric = next(iter(runs.values())).summary["select_metric"]
     sign = 1.0 if ctx.evaluator().direction(metric) == "max" else -1.0
     if cfg.train.select_mode != "auto":

@@ -3,6 +3,10 @@
 The student's loss is the ``kd`` section's :class:`~teachkit.losses.DistillObjective` (CE plus weighted
 distillation losses). Training stages a method needs first (HSAKD's teacher heads) run through the engine
 in their own sub-folder, with exact resume, before the student starts.
+
+After the first epoch, a distillation term whose mean is more than 100x the CE term's is a warning: the
+paper gammas were tuned for CIFAR ResNets and break small students (FitNet's gamma 100 collapsed an MLP
+to the majority class).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from torch import nn
 
 from teachkit.config import RunConfig
 from teachkit.data import Splits
-from teachkit.engine import OptimConfig, Trainer, load_checkpoint
+from teachkit.engine import Callback, OptimConfig, Trainer, load_checkpoint
 from teachkit.engine.checkpoint import strip, write_json
 from teachkit.losses import DistillObjective, build_objective, needs_of
 from teachkit.models import Tapped
@@ -25,6 +29,37 @@ from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TeacherSource
 from teachkit.types import StepOutput, TrainingStage, num_rows
+
+#: a distillation term this many times the CE term in the first epoch is warned about
+DOMINANCE = 100.0
+
+
+def dominant_terms(train: dict[str, float], methods: list[str], limit: float = DOMINANCE) -> list[str]:
+    """Warnings for distillation methods whose (weighted) terms' epoch mean exceeds ``limit`` x the CE term's;
+    ``train`` is an epoch record's per-term means (``ce``, ``fitnet``, ``crd.s``, ...)."""
+    ce = train.get("ce")
+    if not isinstance(ce, float) or not ce > 0:
+        return []
+    out = []
+    for method in methods:
+        value = sum(v for k, v in train.items() if k == method or k.startswith(f"{method}."))
+        if value > limit * ce:
+            out.append(f"in epoch 1 the {method} term (mean {value:.4g}) is {value / ce:,.0f}x the CE term "
+                       f"({ce:.4g}): its weight may swamp the labels for this student (paper gammas break small "
+                       f"students); consider a smaller kd.gamma.{method}")
+    return out
+
+
+class FirstEpochCheck(Callback):
+    """Warns after epoch 1 when a distillation term dwarfs the CE term (:func:`dominant_terms`)."""
+
+    def __init__(self, methods: list[str]) -> None:
+        self.methods = methods
+
+    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
+        if record.get("epoch") == 1:
+            for message in dominant_terms(record.get("train", {}), self.methods):
+                trainer.warn(message)
 
 
 def build_distill_objective(ctx: RunContext, student: nn.Module,
@@ -94,7 +129,9 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     meta = ctx.meta("+".join(cfg.kd.methods))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "loss": teacher_state.get("loss"),
                        **{k: v for k, v in teacher_state.items() if k.startswith(("val_", "test_"))}}
-    trainer = ctx.trainer({"model": student, "objective": objective}, step, meta=meta)
+    trainer = ctx.trainer({"model": student, "objective": objective}, step, meta=meta,
+                          callbacks=[FirstEpochCheck(cfg.kd.methods)])
+    source.report(trainer)
     while not trainer.done:
         trainer.run_epoch()
     result = trainer.finish(cost={"teacher_epochs_trained": source.epochs_trained, "student_epochs": cfg.train.epochs,

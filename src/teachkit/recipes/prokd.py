@@ -15,7 +15,13 @@ All three are one student run whose per-epoch plan says what the student fits:
 The squared error is summed over classes and averaged over the batch (``prokd.reduction=sum``, the
 paper's ||.||^2) or averaged over all elements (``mean``, i.e. ``F.mse_loss``: C times smaller
 gradients at the same lr). The recipe code never looks inside ``x``: any model pair works. The teacher
-comes from :class:`~teachkit.recipes.teacher.TeacherSource` (online or replayed trajectory).
+comes from :class:`~teachkit.recipes.teacher.TeacherSource` (online or replayed trajectory); one rule picks
+the mode for all three recipes (``prokd.mode``: ``auto`` replays ``teacher.checkpoint`` when given, else
+trains online; an explicit mode that contradicts ``teacher.checkpoint`` is refused).
+
+Each epoch line shows the phase, the teacher epoch followed and T. Warnings (one line, kept in the summary):
+a temperature schedule that never reaches T = 1 in phase I, RCO anchors that repeat a checkpoint or are
+skipped for lack of student epochs.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ from torch import Tensor
 
 from teachkit.config import RunConfig
 from teachkit.data import Splits
-from teachkit.engine import EpochHooks
-from teachkit.errors import ConfigError
+from teachkit.engine import Callback, Trainer
+from teachkit.errors import CheckpointError, ConfigError
 from teachkit.losses.kd import kd_kl
 from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
@@ -51,13 +57,15 @@ class ProKDOptions(Options):
     drops by 1 every ``stage_epochs`` teacher epochs, floored at 1. Phase II: CE for the remaining
     ``train.epochs``. ``mode``: ``online`` trains the teacher (``teacher.model``, ``teacher.epochs``) in
     the same run, interleaved epoch by epoch; ``replay`` follows the trajectory recorded in the run
-    folder ``teacher.checkpoint`` (a teacher trained with ``train.save_every=1``). ``checkpoint_at``:
+    folder ``teacher.checkpoint`` (a teacher trained with ``train.save_every=1``); ``auto`` replays when
+    ``teacher.checkpoint`` is set and trains online otherwise (the same rule for Annealing-KD and RCO,
+    which read this key too). ``checkpoint_at``:
     student stage i distils from the teacher after its epoch i (``end``) or before it (``start``).
     ``reduction``: ``sum`` over classes then batch mean (the paper's ||.||^2), or ``mean`` over all
     elements (``F.mse_loss``: C times smaller gradients at the same lr).
     """
 
-    mode: Literal["online", "replay"] = "online"
+    mode: Literal["auto", "online", "replay"] = "auto"
     tau_max: float = option(10.0, ge=1.0)
     stage_epochs: int = option(1, ge=1)
     student_epochs: int | list[int] = 1
@@ -112,12 +120,68 @@ def prokd_plan(cfg: RunConfig, teacher_epochs: int, kind: str = "prokd") -> list
     return plan + [Stage("ce")] * (cfg.train.epochs - len(plan))
 
 
-def rco_plan(cfg: RunConfig, teacher_epochs: int) -> list[Stage]:
-    """Anchors at teacher epochs round(j E / A), j = 1..A; each gets an equal share of student epochs."""
-    a = min(cfg.rco.anchors, teacher_epochs)
-    anchors = [round(j * teacher_epochs / a) for j in range(1, a + 1)]
-    e = cfg.train.epochs
+def rco_anchors(cfg: RunConfig, teacher_epochs: int, available: list[int] | None = None) -> list[int]:
+    """``rco.anchors`` teacher epochs round(j E / A), j = 1..A (at least 1), each moved to the nearest recorded
+    epoch in ``available`` when given (ties: the later one); may repeat an epoch (see :func:`rco_warnings`)."""
+    a = cfg.rco.anchors
+    anchors = [max(1, round(j * teacher_epochs / a)) for j in range(1, a + 1)]
+    if available:
+        pool = [e for e in available if e > 0] or list(available)
+        anchors = [min(pool, key=lambda e, k=k: (abs(e - k), -e)) for k in anchors]
+    return anchors
+
+
+def rco_plan(cfg: RunConfig, teacher_epochs: int, available: list[int] | None = None) -> list[Stage]:
+    """The distinct anchors of :func:`rco_anchors` in order, each with an equal share of student epochs."""
+    anchors = list(dict.fromkeys(rco_anchors(cfg, teacher_epochs, available)))
+    a, e = len(anchors), cfg.train.epochs
     return [Stage("kd", anchors[min(a - 1, k * a // e)], cfg.kd.temperature) for k in range(e)]
+
+
+def rco_warnings(cfg: RunConfig, teacher_epochs: int, available: list[int] | None = None) -> list[str]:
+    """RCO anchors that repeat a teacher checkpoint, or that no student epoch follows."""
+    anchors = rco_anchors(cfg, teacher_epochs, available)
+    distinct = list(dict.fromkeys(anchors))
+    out = []
+    if len(distinct) < len(anchors):
+        out.append(f"rco.anchors={cfg.rco.anchors} repeats teacher checkpoints (anchors at teacher epochs {anchors}; "
+                   f"the teacher has {teacher_epochs} epochs"
+                   + (f", recorded {len(available)}" if available is not None else "")
+                   + f"): the student follows {len(distinct)} distinct anchors")
+    used = {s.teacher_epoch for s in rco_plan(cfg, teacher_epochs, available)}
+    skipped = [k for k in distinct if k not in used]
+    if skipped:
+        out.append(f"train.epochs={cfg.train.epochs} is fewer than the {len(distinct)} RCO anchors: no student "
+                   f"epoch follows the teacher after epochs {skipped}")
+    return out
+
+
+def temperature_warnings(cfg: RunConfig, plan: list[Stage]) -> list[str]:
+    """Pro-KD / Annealing-KD: phase I whose temperature schedule never reaches T = 1."""
+    phase1 = [s for s in plan if s.kind in ("prokd", "anneal")]
+    if not phase1 or min(s.temperature for s in phase1) <= 1.0:
+        return []
+    p = cfg.prokd
+    return [f"the temperature never reaches 1: phase I ends at T={min(s.temperature for s in phase1):g} "
+            f"(prokd.tau_max={p.tau_max:g}, prokd.stage_epochs={p.stage_epochs}, {len(phase1)} phase-I epochs), so "
+            f"the student never fits the teacher's unsoftened logits; lower prokd.tau_max or prokd.stage_epochs"]
+
+
+class PlanInfo(Callback):
+    """Puts each epoch's phase, teacher epoch and temperature on its epoch line (``trainer.epoch_info``)."""
+
+    def __init__(self, plan: list[Stage], recipe: str) -> None:
+        self.plan, self.recipe = plan, recipe
+        self.anchors = list(dict.fromkeys(s.teacher_epoch for s in plan if s.kind == "kd"))
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        stage = self.plan[epoch]
+        if stage.kind == "ce":
+            trainer.epoch_info.update(phase="II")
+            return
+        phase = (f"anchor {self.anchors.index(stage.teacher_epoch) + 1}/{len(self.anchors)}"
+                 if stage.kind == "kd" else "I")
+        trainer.epoch_info.update(phase=phase, teacher_epoch=stage.teacher_epoch, T=float(stage.temperature))
 
 
 def squared_error(zs: Tensor, target: Tensor, reduction: str) -> Tensor:
@@ -128,20 +192,32 @@ def squared_error(zs: Tensor, target: Tensor, reduction: str) -> Tensor:
 
 
 def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir: Path | None, recipe: str,
-                   make_plan: Callable[[RunConfig, int], list[Stage]], mode: str) -> RunResult:
-    """Train the student by ``make_plan``'s per-epoch stages against a :class:`TeacherTrajectory`."""
+                   make_plan: Callable[[RunConfig, int, list[int] | None], list[Stage]]) -> RunResult:
+    """Train the student by ``make_plan``'s per-epoch stages against a :class:`TeacherTrajectory` (mode by
+    ``prokd.mode``, one rule for every recipe here)."""
     t0 = time.perf_counter()
     ctx = RunContext.open(cfg, resume, splits, run_dir)
-    teachers = TeacherSource(ctx).trajectory(mode)
-    plan = make_plan(cfg, teachers.total_epochs)
+    source = TeacherSource(ctx)
+    teachers = source.trajectory(cfg.prokd.mode)
+    available = teachers.epochs if teachers.mode == "replay" else None
+    plan = make_plan(cfg, teachers.total_epochs, available)
+    missing = sorted({s.teacher_epoch for s in plan if s.teacher_epoch is not None} - set(teachers.epochs))
+    if missing:
+        raise CheckpointError(f"the teacher trajectory {cfg.teacher.checkpoint!r} has no checkpoint after teacher "
+                              f"epochs {missing[:5]} that {recipe} follows (it has {teachers.epochs[:3]}..."
+                              f"{teachers.epochs[-3:]}); record every epoch with train.save_every=1")
+    warnings = (rco_warnings(cfg, teachers.total_epochs, available) if recipe == "rco"
+                else temperature_warnings(cfg, plan))
     ctx.seed()
     student = ctx.model()
     tau_max, reduction, alpha = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha
     state = {"teacher": None, "forwards": 0}
 
-    def on_epoch_start(epoch: int) -> None:
-        stage = plan[epoch]
-        state["teacher"] = teachers.at(stage.teacher_epoch) if stage.teacher_epoch is not None else None
+    class FollowTeacher(PlanInfo):
+        def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+            super().on_epoch_start(trainer, epoch)
+            stage = plan[epoch]
+            state["teacher"] = teachers.at(stage.teacher_epoch) if stage.teacher_epoch is not None else None
 
     def step(batch, progress):
         stage = plan[progress.epoch]
@@ -158,7 +234,10 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         return StepOutput({"ce": (1 - alpha) * F.cross_entropy(upcast(zs), batch.y),
                            "kd": alpha * kd_kl(zs, zt, stage.temperature)}, zs)
 
-    trainer = ctx.trainer(student, step, meta=ctx.meta(recipe), callbacks=[EpochHooks(start=on_epoch_start)])
+    trainer = ctx.trainer(student, step, meta=ctx.meta(recipe), callbacks=[FollowTeacher(plan, recipe)])
+    source.report(trainer)
+    for message in warnings:
+        trainer.warn(message)
     trainer.keep_checkpoint_at({i + 1 for i in range(len(plan) - 1) if plan[i].kind != plan[i + 1].kind})
     while not trainer.done:
         trainer.run_epoch()
@@ -167,7 +246,8 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     cost = {"teacher_epochs_trained": teachers.epochs_trained_here, "teacher_epochs": teachers.total_epochs,
             "student_epochs": cfg.train.epochs, "teacher_forward_images": state["forwards"],
             "wall_time_s": time.perf_counter() - t0}
-    result = trainer.finish(cost=cost, plan={"phase1_epochs": phase1, "phase2_epochs": cfg.train.epochs - phase1,
+    result = trainer.finish(cost=cost, plan={"mode": teachers.mode, "phase1_epochs": phase1,
+                                             "phase2_epochs": cfg.train.epochs - phase1,
                                              "stages": [[s.kind, s.teacher_epoch, s.temperature] for s in plan]})
     return RunResult(ctx.run_dir, result.summary, student, result.history)
 
@@ -176,26 +256,20 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
                   options=ProKDOptions)
 def prokd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Pro-KD in ``prokd.mode`` online (teacher trained in the same run) or replay (recorded trajectory)."""
-    return follow_teacher(cfg, resume, splits, run_dir, "prokd", prokd_plan, cfg.prokd.mode)
+    return follow_teacher(cfg, resume, splits, run_dir, "prokd", lambda c, e, _: prokd_plan(c, e))
 
 
 @RECIPES.register("annealing", "Annealing-KD: frozen final teacher, ||z_s - z_t Phi(T)||^2 with T annealed, then CE")
 def annealing(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
               run_dir: Path | None = None) -> RunResult:
     """Annealing-KD with the temperature schedule of Pro-KD (same phase-I length), frozen final teacher."""
-    return follow_teacher(cfg, resume, splits, run_dir, "annealing",
-                          lambda c, e: prokd_plan(c, e, kind="anneal"), trajectory_mode(cfg))
+    return follow_teacher(cfg, resume, splits, run_dir, "annealing", lambda c, e, _: prokd_plan(c, e, kind="anneal"))
 
 
 @RECIPES.register("rco", "RCO: Hinton KD from teacher checkpoints at equal intervals, in order", options=RCOOptions)
 def rco(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_dir: Path | None = None) -> RunResult:
     """Route-constrained optimisation: ``rco.anchors`` teacher checkpoints, the last one the final teacher."""
-    return follow_teacher(cfg, resume, splits, run_dir, "rco", rco_plan, trajectory_mode(cfg))
+    return follow_teacher(cfg, resume, splits, run_dir, "rco", rco_plan)
 
 
-def trajectory_mode(cfg: RunConfig) -> str:
-    """Replay a recorded teacher when ``teacher.checkpoint`` is set, else train it in this run."""
-    return "replay" if cfg.teacher.checkpoint else "online"
-
-
-__all__ = ["prokd", "annealing", "rco", "prokd_plan", "rco_plan", "temperature", "squared_error"]
+__all__ = ["prokd", "annealing", "rco", "prokd_plan", "rco_plan", "rco_anchors", "temperature", "squared_error"]

@@ -12,23 +12,35 @@ teacher out as
   ``online`` (a teacher :class:`~teachkit.engine.Trainer` advanced epoch by epoch alongside the student,
   recording every epoch plus the initialisation as epoch 0) or ``replay`` (the sha256-verified checkpoints
   of a recorded run). Both hand out the same weights, so students that follow them are identical.
+
+Every teacher loaded from a checkpoint or trajectory is checked against the student's data: same class count
+and input shape, and no possible overlap of its training data with the student's val/test split
+(:mod:`teachkit.recipes.leakage`; ``teacher.allow_overlap=true`` runs anyway and :meth:`TeacherSource.report`
+records it). Trajectory manifests are validated (:mod:`teachkit.recipes.manifest`). A teacher whose
+checkpoint records other normalisation statistics than the student's data gets inputs re-normalised to its
+own (:meth:`~teachkit.models.FrozenTeacher.renormalise`).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tqdm.auto import tqdm
+
 from teachkit.config import RunConfig, with_changes
 from teachkit.engine import Trainer, Trajectory
-from teachkit.engine.checkpoint import strip
+from teachkit.engine.checkpoint import load_checkpoint, strip
 from teachkit.engine.trainer import channels_last
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.models import FrozenTeacher
 from teachkit.recipes.common import check_compatible, load_model
 from teachkit.recipes.context import RunContext
+from teachkit.recipes.leakage import OVERLAP_KEY, check_overlap
+from teachkit.recipes.manifest import read_trajectory
 from teachkit.recipes.standalone import label_step, train_model
 
 TEACHER_DIR = "teacher"
@@ -43,6 +55,47 @@ def teacher_run_config(cfg: RunConfig, save_every: int = 1) -> RunConfig:
                         data={"train_subset": None, "omit_classes": [], "few_shot": 0})
 
 
+#: the checkpoint state key holding the training split's per-channel statistics ``{"mean": [...], "std": [...]}``
+STATS_KEY = "normalisation"
+
+
+def recorded_stats(state: Mapping[str, Any]) -> tuple[list[float] | None, list[float] | None]:
+    """The (mean, std) a checkpoint's inputs were normalised with; (None, None) when it does not record them."""
+    stats = state.get(STATS_KEY)
+    if not isinstance(stats, Mapping):
+        return None, None
+    mean, std = stats.get("mean"), stats.get("std")
+    ok = all(isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+             for v in (mean, std))
+    return (mean, std) if ok else (None, None)
+
+
+def result_line(who: str, folder: Path, summary: Mapping[str, Any]) -> str:
+    """``teacher finished: RUN  val 98.10%  test 97.90%  (best val ... at epoch k, test there ...)  12.3s``."""
+    m = summary.get("select_metric", "acc")
+    percent = summary.get("select_metric_percent", m == "acc")
+
+    def fmt(key: str) -> str:
+        value = summary.get(key, float("nan"))
+        text = f"{value:.2f}%" if percent else f"{value:.4g}"
+        return text if m == "acc" else f"{m} {text}"
+
+    return (f"{who} finished: {folder}  val {fmt(f'val_{m}')}  test {fmt(f'test_{m}')}  (best val "
+            f"{fmt(f'best_val_{m}')} at epoch {summary.get('best_epoch')}, test there {fmt(f'test_{m}_at_best')})"
+            f"  {summary.get('wall_time_s', 0.0):.1f}s")
+
+
+def trajectory_file_sha(path: Path) -> str | None:
+    """The manifest sha256 of ``path`` when it is a checkpoint listed in its folder's trajectory manifest."""
+    if not path.is_file() or not (path.parent / Trajectory.MANIFEST).is_file():
+        return None
+    trajectory, _ = read_trajectory(path.parent)
+    for entry in trajectory.entries:
+        if (path.parent / entry["file"]).resolve() == path.resolve():
+            return entry["sha256"]
+    return None
+
+
 class TeacherSource:
     """The teacher of the run ``ctx`` (see the module docstring)."""
 
@@ -50,6 +103,8 @@ class TeacherSource:
         self.ctx = ctx
         self.cfg = ctx.cfg.teacher
         self.folder = ctx.run_dir / TEACHER_DIR
+        #: why the teacher may overlap the student's val/test data, when ``teacher.allow_overlap`` let it run
+        self.overlap: str | None = None
 
     @property
     def given(self) -> bool:
@@ -63,9 +118,34 @@ class TeacherSource:
 
     def _train_here(self, save_every: int) -> Path:
         if not (self.folder / "summary.json").is_file():
-            train_model(teacher_run_config(self.ctx.cfg, save_every), resume=self.ctx.resume,
-                        splits=self.ctx.full_splits(), run_dir=self.folder)
+            t, say = self.cfg, self.ctx.cfg.train.progress  # --quiet: only the command's own summary line
+            if say:
+                tqdm.write(f"{self.ctx.cfg.name}: no teacher.checkpoint given: training the teacher first "
+                           f"({t.model.name}, {t.epochs} epochs, loss {t.loss}, full training split) -> {self.folder}")
+            result = train_model(teacher_run_config(self.ctx.cfg, save_every), resume=self.ctx.resume,
+                                 splits=self.ctx.full_splits(), run_dir=self.folder)
+            if say:
+                tqdm.write(result_line("teacher", self.folder, result.summary))
         return self.folder
+
+    def _check(self, state: Mapping[str, Any], where: Path) -> None:
+        """Class count, input shape and data overlap of a loaded teacher against the student's data."""
+        check_compatible(dict(state), self.ctx.splits)
+        reason = check_overlap(state, self.ctx.cfg.data, self.cfg.allow_overlap, repr(str(where)))
+        if reason is not None:
+            self.overlap = reason
+
+    def _renormalise(self, frozen: FrozenTeacher, state: Mapping[str, Any]) -> FrozenTeacher:
+        splits = self.ctx.splits
+        frozen.renormalise(splits.mean, splits.std, *recorded_stats(state))
+        return frozen
+
+    def report(self, trainer: Trainer) -> None:
+        """Record a teacher let through by ``teacher.allow_overlap`` in ``trainer``'s checkpoints and summary
+        (``teacher_overlap_allowed``) and warn once; nothing when there is no overlap."""
+        if self.overlap is not None:
+            trainer.meta[OVERLAP_KEY] = self.overlap
+            trainer.warn(f"teacher.allow_overlap=true: {self.overlap}; its val/test figures are not clean")
 
     def checkpoint(self) -> Path:
         """Where the final teacher is: ``teacher.checkpoint`` (a file or a run folder), or the run folder of
@@ -76,21 +156,26 @@ class TeacherSource:
         """The final teacher (``teacher.select``), frozen, on the run's device; checked against the student's
         data. Returns the module and its checkpoint's state (epoch, val/test metrics, model, ...)."""
         path = self.checkpoint()
+        sha = trajectory_file_sha(path) if self.given else None
+        if sha is not None:  # a trajectory checkpoint (eskd): read through its manifest's sha256
+            sidecar = path.with_suffix(".json")
+            try:
+                recorded = json.loads(sidecar.read_text()).get("sha256") if sidecar.is_file() else None
+            except (OSError, ValueError, AttributeError):
+                recorded = None
+            if recorded != sha:  # otherwise load_model's sidecar check is the manifest's
+                load_checkpoint(path, expect_sha256=sha)
         model, state = load_model(path, self.cfg.select, self.ctx.device)
-        check_compatible(state, self.ctx.splits)
-        return FrozenTeacher(channels_last(model, self.ctx.cfg.train.channels_last)), state
+        self._check(state, path)
+        frozen = FrozenTeacher(channels_last(model, self.ctx.cfg.train.channels_last))
+        return self._renormalise(frozen, state), state
 
     def recorded(self) -> Trajectory:
         """The teacher's recorded trajectory: from ``teacher.checkpoint``'s run folder, or trained now
         (``train.save_every=1``) into ``run_dir/teacher``."""
         folder = Path(self.cfg.checkpoint) if self.given else self._train_here(save_every=1)
-        manifest = folder / "trajectory" / Trajectory.MANIFEST
-        if not manifest.is_file():
-            raise CheckpointError(f"no trajectory manifest {str(manifest)!r}: train the teacher with "
-                                  f"train.save_every=1 to record one")
-        trajectory = Trajectory(folder / "trajectory")
-        if not trajectory.entries:
-            raise CheckpointError(f"trajectory {str(manifest)!r} lists no checkpoints")
+        trajectory, state = read_trajectory(folder / "trajectory")  # validated; the last checkpoint's state
+        self._check(state, folder)
         return trajectory
 
     def learned(self, file: str, load: Callable[[Path], T | None], train: Callable[[], T]) -> T:
@@ -113,14 +198,28 @@ class TeacherSource:
                 return teacher
         return train()
 
+    def mode(self, mode: str) -> str:
+        """The trajectory mode for ``prokd.mode`` (one rule for Pro-KD, Annealing-KD and RCO): ``auto`` replays
+        ``teacher.checkpoint`` when given and trains the teacher online otherwise; an explicit ``online`` with
+        a teacher checkpoint, or ``replay`` without one, is refused."""
+        if mode == "auto":
+            return "replay" if self.given else "online"
+        if mode == "online" and self.given:
+            raise ConfigError("prokd.mode=online: online mode trains the teacher itself, but teacher.checkpoint is "
+                              "set; to follow that recorded teacher set prokd.mode=replay (or auto)")
+        if mode == "replay" and not self.given:
+            raise ConfigError("prokd.mode=replay: replay mode needs teacher.checkpoint, the run folder of a teacher "
+                              "trained with train.save_every=1; or use prokd.mode=auto")
+        if mode not in ("online", "replay"):
+            raise ConfigError(f"prokd.mode={mode!r} is not allowed; choose auto, online or replay")
+        return mode
+
     def trajectory(self, mode: str) -> TeacherTrajectory:
         """The teacher after any epoch: ``online`` (trained in this run, interleaved with the student) or
-        ``replay`` (the recorded run folder ``teacher.checkpoint``)."""
+        ``replay`` (the recorded run folder ``teacher.checkpoint``); ``auto`` picks by ``teacher.checkpoint``."""
         ctx = self.ctx
+        mode = self.mode(mode)
         if mode == "online":
-            if self.given:
-                raise ConfigError("online mode trains the teacher itself; to follow a recorded teacher set "
-                                  "prokd.mode=replay (teacher.checkpoint names its run folder)")
             tcfg = teacher_run_config(ctx.cfg)
             child = ctx.child(TEACHER_DIR, tcfg, ctx.full_splits())
             child.seed()
@@ -132,13 +231,9 @@ class TeacherSource:
                 trainer.trajectory.add(0, {}, trainer.weights(), {**trainer.meta, "epoch": 0})
             frozen = FrozenTeacher(channels_last(copy.deepcopy(model), ctx.cfg.train.channels_last))
             return TeacherTrajectory(frozen, trainer.trajectory, tcfg.train.epochs, trainer)
-        if not self.given:
-            raise ConfigError("replay mode needs teacher.checkpoint: the run folder of a teacher trained "
-                              "with train.save_every=1 (its trajectory/trajectory.json)")
-        trajectory = self.recorded()
+        trajectory = self.recorded()  # validated and checked against the student's data
         model, state = load_model(trajectory.path(trajectory.epochs[-1]), device=ctx.device)
-        check_compatible(state, ctx.splits)
-        frozen = FrozenTeacher(channels_last(model, ctx.cfg.train.channels_last))
+        frozen = self._renormalise(FrozenTeacher(channels_last(model, ctx.cfg.train.channels_last)), state)
         return TeacherTrajectory(frozen, trajectory, max(trajectory.epochs))
 
 
@@ -186,7 +281,11 @@ class TeacherTrajectory:
                                   f"{self.epochs[:3]}...{self.epochs[-3:]}); record every epoch with "
                                   f"train.save_every=1")
         tensors, _ = self.trajectory.load(epoch)
-        self.frozen.module.load_state_dict(strip("model/", tensors))
+        try:
+            self.frozen.module.load_state_dict(strip("model/", tensors))
+        except RuntimeError as e:
+            raise CheckpointError(f"teacher checkpoint {str(self.trajectory.path(epoch))!r} does not fit the "
+                                  f"trajectory's model: {str(e).splitlines()[0][:200]}") from None
         self.loaded_epoch = epoch
         return self.frozen
 
