@@ -183,6 +183,8 @@ def test_teacher_source_reads_statistics_from_the_checkpoint(tiny, tmp_path):
     frozen, _ = TeacherSource(ctx).frozen()
     assert not frozen.renormalises  # no statistics recorded (or the same): nothing changes
     tensors, state = load_checkpoint(plain)
+    assert state["normalisation"] == {"mean": ctx.splits.mean.flatten().tolist(),
+                                      "std": ctx.splits.std.flatten().tolist()}  # every checkpoint records them
     channels = ctx.splits.input_shape[0]
     for name, stats, expect in [("same", ctx.splits, False), ("other", None, True)]:
         mean = stats.mean.tolist() if stats is not None else [0.5] * channels

@@ -94,3 +94,21 @@ def test_cli_train_and_eval_on_a_regression_csv(tmp_path: Path, capsys: pytest.C
     assert main(["eval", str(tmp_path / "runs" / "reg")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mse"] == pytest.approx(summary["test_mse"], rel=1e-3)  # printed to 4 significant digits
+
+
+@pytest.mark.parametrize("command, overrides, fragment", [
+    (["train"], ["train.loss=ce"], "train.loss=ce does not fit dataset 'csv' (task regression): real-valued targets "
+                                   "need train.loss=l2"),
+    (["distill"], [], "distillation needs class scores, but dataset 'csv' has real-valued targets"),
+    (["train"], ["data.name=digits", "data.root=null", "data.options={}"],
+     "l2 is for real-valued targets (task regression); use ce, mse or mse-logits"),
+])
+def test_objective_must_fit_the_task(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+                                     overrides: list[str], fragment: str) -> None:
+    write_regression_csv(tmp_path / "houses.csv")
+    data = {"name": "csv", "root": str(tmp_path / "houses.csv"), "options": {"label": "target", "task": "regression"}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, data=data, train={"epochs": 1, "loss": "l2"})))
+    assert main([*command, str(path), *overrides, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -103,9 +103,14 @@ def device_of(cfg: RunConfig) -> torch.device:
 
 
 def model_meta(cfg: RunConfig, splits: Splits, loss: str) -> dict[str, Any]:
-    """What a checkpoint records to be loadable on its own: model, shapes, data, objective."""
-    return {"model": to_dict(cfg.model), "input_shape": list(splits.input_shape), "data": to_dict(cfg.data),
+    """What a checkpoint records to be loadable on its own: model, shapes, data, objective, and the training
+    split's per-channel statistics its inputs were normalised with (``normalisation``: a teacher used on data
+    normalised otherwise gets its inputs re-normalised to them)."""
+    meta = {"model": to_dict(cfg.model), "input_shape": list(splits.input_shape), "data": to_dict(cfg.data),
             "num_classes": splits.num_classes, "dataset": splits.name, "loss": loss}
+    if splits.mean is not None and splits.std is not None:
+        meta["normalisation"] = {"mean": splits.mean.flatten().tolist(), "std": splits.std.flatten().tolist()}
+    return meta
 
 
 def checkpoint_file(path: str | Path, select: str = "last") -> Path:

@@ -210,6 +210,10 @@ class RunContext:
         fresh = check_run_dir(cfg, folder, resume)
         splits = splits if splits is not None else load_data(cfg.data, device)
         select_metric(EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size), cfg.train.select_metric)
+        if (splits.task == "regression") != (cfg.train.loss == "l2"):
+            raise ConfigError(f"train.loss={cfg.train.loss} does not fit dataset {splits.name!r} (task {splits.task}): "
+                              + ("real-valued targets need train.loss=l2" if splits.task == "regression" else
+                                 "l2 is for real-valued targets (task regression); use ce, mse or mse-logits"))
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
             make_model(cfg.model, splits.input_shape, splits.num_classes)
         text = dump_yaml(cfg)

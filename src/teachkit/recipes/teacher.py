@@ -100,6 +100,10 @@ class TeacherSource:
     """The teacher of the run ``ctx`` (see the module docstring)."""
 
     def __init__(self, ctx: RunContext) -> None:
+        if ctx.splits.task == "regression":
+            raise ConfigError(f"distillation needs class scores, but dataset {ctx.splits.name!r} has real-valued "
+                              "targets (task regression); train models on it with teachkit train and "
+                              "train.loss=l2")
         self.ctx = ctx
         self.cfg = ctx.cfg.teacher
         self.folder = ctx.run_dir / TEACHER_DIR
