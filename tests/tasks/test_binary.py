@@ -270,7 +270,7 @@ def test_cli_train_prints_f1_and_eval_reads_it(tmp_path):
     proc = cli("eval", str(run))
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["dataset"] == "breast_cancer" and out["f1"] == pytest.approx(summary["test_f1"], abs=1e-9)
+    assert out["dataset"] == "breast_cancer" and out["f1"] == pytest.approx(summary["test_f1"], abs=0.005)
 
 
 def test_cli_lists_the_task(capsys):
