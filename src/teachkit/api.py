@@ -28,7 +28,6 @@ import io
 import itertools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +51,8 @@ PYTHON_SUFFIX = "@python"  # names of models given as Python objects (registered
 _python_models: dict[str, Any] = {}
 
 
-@dataclass
-class Run:
+class Run(RunResult):
     """A finished run: its folder, ``summary.json`` contents, per-epoch history and trained model (last epoch)."""
-
-    run_dir: Path
-    summary: dict[str, Any]
-    model: nn.Module | None
-    history: list[dict[str, Any]] = field(default_factory=list)
 
     def checkpoint(self, select: str = "last") -> Path:
         """The checkpoint file ``select`` (``last`` or ``best``, the best validation epoch)."""
@@ -210,7 +203,7 @@ def data_section(data: Any, out_dir: str | Path) -> dict[str, Any]:
 
 def _teacher_path(teacher: Any) -> str | None:
     """A teacher given as a finished run or a checkpoint path (file or run folder); None for a model spec."""
-    if isinstance(teacher, (Run, RunResult)):
+    if isinstance(teacher, RunResult):
         return str(teacher.run_dir)
     if isinstance(teacher, Path) or (isinstance(teacher, str) and Path(teacher).expanduser().exists()):
         return str(Path(teacher).expanduser())
@@ -367,7 +360,7 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
 def load(run_or_path: Run | RunResult | str | Path, select: str = "best",
          device: torch.device | str = "cpu") -> nn.Module:
     """The model saved in a run folder or checkpoint file (``select``: ``best`` or ``last``), in eval mode."""
-    path = run_or_path.run_dir if isinstance(run_or_path, (Run, RunResult)) else run_or_path
+    path = run_or_path.run_dir if isinstance(run_or_path, RunResult) else run_or_path
     model, _ = load_model(path, select, device)
     return model.eval()
 

@@ -204,7 +204,7 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from teachkit.config import DataConfig, from_dict
     from teachkit.engine import EVALUATORS
-    from teachkit.recipes.common import checkpoint_file, load_data, load_model
+    from teachkit.recipes.common import check_compatible, checkpoint_file, load_data, load_model
     from teachkit.registry import import_plugins
 
     folder, role = student_of(Path(args.checkpoint))
@@ -220,13 +220,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.root:
         data_cfg["root"] = args.root
     splits = load_data(from_dict(data_cfg, DataConfig), device="cpu")
-    classes, shape = int(state["num_classes"]), tuple(state["input_shape"])
-    if classes != splits.num_classes:
-        raise ConfigError(f"the model in {str(file)!r} has {classes} classes but dataset {splits.name!r} has "
-                          f"{splits.num_classes}")
-    if shape != tuple(splits.input_shape):
-        raise ConfigError(f"the model in {str(file)!r} takes inputs of shape {shape} but dataset {splits.name!r} "
-                          f"has {tuple(splits.input_shape)}")
+    check_compatible(state, splits, file, who=f"the model in {str(file)!r}")
     evaluator = EVALUATORS.get(splits.task)(splits, 1000)
     metrics = evaluator.evaluate(model)[args.split]
     shown = {k: rounded(v, evaluator.is_percent(k)) for k, v in metrics.items()}

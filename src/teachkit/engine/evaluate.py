@@ -62,6 +62,27 @@ def evaluate(model: nn.Module, split: TensorSplit, batch_size: int = 1000,
     return metrics_from_logits(predict(model, split, batch_size), split.y, omitted)
 
 
+class SplitScoreEvaluator(Evaluator):
+    """An evaluator that predicts each named split and scores the outputs with :meth:`score`: a task adds
+    its metric names (``metrics``), ``primary`` metric, directions and ``score(outputs, y) -> metrics``."""
+
+    metrics: tuple[str, ...] = ()
+
+    def __init__(self, splits: dict[str, TensorSplit], batch_size: int = 1000) -> None:
+        self.splits = dict(splits)
+        self.batch_size = batch_size
+
+    def metric_names(self) -> tuple[str, ...]:
+        return self.metrics
+
+    def score(self, outputs: Tensor, y: Tensor) -> dict[str, float]:
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
+        return {name: self.score(predict(model, split, self.batch_size), split.y)
+                for name, split in self.splits.items()}
+
+
 class ClassificationEvaluator(Evaluator):
     """Top-1 accuracy (%, the primary metric), mean CE, top-5 (%) for >= 20 classes and, for zero-/few-shot
     runs, the accuracy on the omitted and the kept classes, on each named split (``val``, ``test``)."""

@@ -181,15 +181,18 @@ def load_model(path: str | Path, select: str = "last", device: torch.device | st
     return model.to(device), {**state, "source_file": str(file)}
 
 
-def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | None = None) -> None:
-    """Teacher and student/dataset must agree on class count and input shape; the one-line ConfigError names
-    the checkpoint (``source``, default the ``source_file`` that :func:`load_model` records)."""
+def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | None = None,
+                     who: str = "teacher") -> None:
+    """The checkpoint's model (``who``: the teacher, or ``the model in FILE`` for eval) and the dataset must
+    agree on class count and input shape; the one-line ConfigError names the checkpoint (``source``, default
+    the ``source_file`` that :func:`load_model` records)."""
     source = source if source is not None else teacher_state.get("source_file")
     shape, classes = shape_and_classes(teacher_state, source)
-    where = f" (checkpoint {str(source)!r})" if source is not None else ""
+    where = f" (checkpoint {str(source)!r})" if source is not None and who == "teacher" else ""
+    student = " (and so the student)" if who == "teacher" else ""
     if classes != splits.num_classes:
-        raise ConfigError(f"teacher has {classes} classes but dataset {splits.name!r} (and so the student) has "
+        raise ConfigError(f"{who} has {classes} classes but dataset {splits.name!r}{student} has "
                           f"{splits.num_classes}{where}")
     if shape != tuple(splits.input_shape):
-        raise ConfigError(f"teacher takes inputs of shape {shape} but dataset {splits.name!r} has "
+        raise ConfigError(f"{who} takes inputs of shape {shape} but dataset {splits.name!r} has "
                           f"{tuple(splits.input_shape)}{where}")

@@ -23,11 +23,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from teachkit.data.base import Splits, TensorSplit
+from teachkit.data.base import Splits
 from teachkit.data.raw import DATASETS, RawDataset, require
-from teachkit.engine.evaluate import EVALUATORS, predict
+from teachkit.engine.evaluate import EVALUATORS, SplitScoreEvaluator
 from teachkit.errors import ConfigError
 from teachkit.types import Batch, Evaluator
 
@@ -65,24 +65,18 @@ def binary_metrics(logits: Tensor, y: Tensor) -> dict[str, float]:
     return {"f1": f1_v * 100, "mcc": mcc_v, "acc": acc_v * 100, "loss": loss_v}
 
 
-class BinaryEvaluator(Evaluator):
+class BinaryEvaluator(SplitScoreEvaluator):
     """F1 of class 1 (%, primary), Matthews correlation, accuracy (%) and mean CE on each named split."""
 
     primary = "f1"
 
-    def __init__(self, splits: dict[str, TensorSplit], batch_size: int = 1000) -> None:
-        self.splits = dict(splits)
-        self.batch_size = batch_size
-
-    def metric_names(self) -> tuple[str, ...]:
-        return METRICS
+    metrics = METRICS
 
     def direction(self, metric: str) -> Literal["max", "min"]:
         return "min" if metric == "loss" else "max"
 
-    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
-        return {name: binary_metrics(predict(model, split, self.batch_size), split.y)
-                for name, split in self.splits.items()}
+    def score(self, outputs: Tensor, y: Tensor) -> dict[str, float]:
+        return binary_metrics(outputs, y)
 
     def train_metrics(self, outputs: Any, batch: Batch) -> dict[str, Tensor]:
         """``train_acc``: 100 x the number of correct predictions (the engine divides by the samples)."""

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from teachkit.data.base import Splits, TensorSplit
-from teachkit.engine.evaluate import EVALUATORS, predict
+from teachkit.data.base import Splits
+from teachkit.engine.evaluate import EVALUATORS, SplitScoreEvaluator
 from teachkit.errors import ConfigError
 from teachkit.types import Batch, Evaluator
 
@@ -50,24 +50,18 @@ def regression_metrics(outputs: Tensor, y: Tensor) -> dict[str, float]:
     return {"mse": mse, "mae": mae, "r2": r2_v}
 
 
-class RegressionEvaluator(Evaluator):
+class RegressionEvaluator(SplitScoreEvaluator):
     """Mean squared error (primary, minimised), mean absolute error and R^2 on each named split."""
 
     primary = "mse"
 
-    def __init__(self, splits: dict[str, TensorSplit], batch_size: int = 1000) -> None:
-        self.splits = dict(splits)
-        self.batch_size = batch_size
-
-    def metric_names(self) -> tuple[str, ...]:
-        return METRICS
+    metrics = METRICS
 
     def direction(self, metric: str) -> Literal["max", "min"]:
         return "max" if metric == "r2" else "min"
 
-    def evaluate(self, model: nn.Module) -> dict[str, dict[str, float]]:
-        return {name: regression_metrics(predict(model, split, self.batch_size), split.y)
-                for name, split in self.splits.items()}
+    def score(self, outputs: Tensor, y: Tensor) -> dict[str, float]:
+        return regression_metrics(outputs, y)
 
     def train_metrics(self, outputs: Any, batch: Batch) -> dict[str, Tensor]:
         """``train_mse``: the batch's summed per-sample squared error (the engine divides by the samples)."""
