@@ -10,6 +10,15 @@ from teachkit.config import from_dict
 torch.set_num_threads(1)
 
 
+def untimed(obj):
+    """``obj`` without timing fields (``*time_s``, ``images_per_s``), which differ between any two runs."""
+    if isinstance(obj, dict):
+        return {k: untimed(v) for k, v in obj.items() if not (k.endswith("time_s") or k == "images_per_s")}
+    if isinstance(obj, list):
+        return [untimed(v) for v in obj]
+    return obj
+
+
 def tiny_config(tmp_path, **sections) -> dict:
     """A config dict for a 2-second run: 8x8 synthetic images, small MLP, few epochs."""
     cfg = {

@@ -40,7 +40,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, untimed
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kill soak forks and uses inotify (Linux)")
 
@@ -289,15 +289,6 @@ def attempt(zygote: Zygote, args: list[str], folder: Path, err: Path, plan: str,
                 return zygote.wait(pid), where
     finally:
         watcher.close()
-
-
-def untimed(obj):
-    """``obj`` without timing fields (``*time_s``, ``images_per_s``), which differ between any two runs."""
-    if isinstance(obj, dict):
-        return {k: untimed(v) for k, v in obj.items() if not (k.endswith("time_s") or k == "images_per_s")}
-    if isinstance(obj, list):
-        return [untimed(v) for v in obj]
-    return obj
 
 
 def assert_same_folder(a: Path, b: Path) -> None:

@@ -24,22 +24,13 @@ from teachkit.engine.checkpoint import load_checkpoint
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.trainer import Trainer
 from teachkit.recipes.l2t.state import StudentStateTracker, TrackerModule
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, untimed
 
 # 2 warm-start steps + 5 episodes of 3 inner steps and 1 plain step: more than the 3-epoch schedule, so
 # the teacher-training student also restarts from its warm start once
 L2T = {"teacher_steps": 5, "inner_steps": 3, "episode_gap": 1, "warm_start_steps": 2, "dev_batch_size": 16,
        "teacher_lr": 0.01}
 EPOCHS = 3
-
-
-def untimed(obj):
-    """``obj`` without timing fields (``*time_s``, ``images_per_s``), which differ between any two runs."""
-    if isinstance(obj, dict):
-        return {k: untimed(v) for k, v in obj.items() if not (k.endswith("time_s") or k == "images_per_s")}
-    if isinstance(obj, list):
-        return [untimed(v) for v in obj]
-    return obj
 
 
 class Killed(BaseException):
