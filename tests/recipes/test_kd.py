@@ -188,3 +188,14 @@ def test_hsakd_teacher_head_stage_resumes_exactly_and_is_reused(tiny, monkeypatc
         assert torch.equal(value, resumed.model.state_dict()[key]), key
     monkeypatch.setattr(TeacherHeadsEvaluator, "evaluate", lambda *a: pytest.fail("a finished stage retrained"))
     distill(cfg("resumed"), resume=True)  # everything finished: loads the heads, trains nothing new
+
+
+def test_cost_wall_time_counts_the_in_command_teacher(tiny) -> None:
+    """``cost.wall_time_s`` is the total: the student's own time plus the teacher trained in its folder."""
+    import json
+
+    result = distill(tiny(name="cost"))
+    teacher = json.loads((result.run_dir / "teacher" / "summary.json").read_text())
+    cost = result.summary["cost"]["wall_time_s"]
+    both = result.summary["wall_time_s"] + teacher["wall_time_s"]  # the student's read at finish, a moment later
+    assert both - 0.05 <= cost <= both and cost >= result.summary["wall_time_s"]

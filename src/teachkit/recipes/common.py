@@ -59,6 +59,17 @@ def run_wall_time(summary: dict[str, Any]) -> float:
     return 0.0
 
 
+def folder_wall_time(folder: Path) -> float:
+    """The total wall time of the finished run in ``folder`` (:func:`run_wall_time`); 0 when it has none."""
+    summary_file = Path(folder) / "summary.json"
+    if not summary_file.is_file():
+        return 0.0
+    try:
+        return run_wall_time(json.loads(summary_file.read_text()))
+    except (OSError, json.JSONDecodeError, AttributeError):
+        raise CheckpointError(f"run summary {str(summary_file)!r} is unreadable") from None
+
+
 def composed_cost(results: list[RunResult], teacher_epochs: int, t0: float,
                   teacher_dir: Path | None = None) -> dict[str, Any]:
     """The ``cost`` block of a recipe made of several runs: teacher epochs it trains, student epochs and

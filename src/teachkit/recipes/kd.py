@@ -11,7 +11,6 @@ to the majority class).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import torch
@@ -24,10 +23,10 @@ from teachkit.engine.checkpoint import strip, write_json
 from teachkit.losses import DistillObjective, build_objective, needs_of
 from teachkit.models import Tapped
 from teachkit.options import from_mapping
-from teachkit.recipes.common import RunResult
+from teachkit.recipes.common import RunResult, folder_wall_time
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.teacher import TeacherSource
+from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource
 from teachkit.types import StepOutput, TrainingStage, num_rows
 
 #: a distillation term this many times the CE term in the first epoch is warned about
@@ -106,14 +105,14 @@ def run_stage(ctx: RunContext, stage: TrainingStage) -> None:
 def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
             run_dir: Path | None = None) -> RunResult:
     """Distil ``cfg.model`` from the teacher with loss ``kd.method``; the teacher is never updated."""
-    t0 = time.perf_counter()
     ctx = RunContext.open(cfg, resume, splits, run_dir)
     source = TeacherSource(ctx)
     teacher, teacher_state = source.frozen()
     ctx.seed()
     student = ctx.model()
     objective, s_tap, t_tap = build_distill_objective(ctx, student, teacher)
-    for stage in objective.training_stages(t_tap):
+    stages = objective.training_stages(t_tap)
+    for stage in stages:
         run_stage(ctx, stage)
 
     forwards = [0]
@@ -136,6 +135,10 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         trainer.run_epoch()
     result = trainer.finish(cost={"teacher_epochs_trained": source.epochs_trained, "student_epochs": cfg.train.epochs,
                                   "teacher_forward_images": forwards[0],
-                                  "wall_time_s": time.perf_counter() - t0})
+                                  # every session of the student, its in-command teacher and training stages
+                                  "wall_time_s": trainer.wall_time + sum(
+                                      folder_wall_time(ctx.run_dir / name)
+                                      for name in [*([] if source.given else [TEACHER_DIR]),
+                                                   *(stage.name for stage in stages)])})
     write_json(ctx.run_dir / "teacher.json", meta["teacher"])
     return RunResult(ctx.run_dir, result.summary, student, result.history)

@@ -26,7 +26,6 @@ skipped for lack of student epochs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,7 +194,6 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
                    make_plan: Callable[[RunConfig, int, list[int] | None], list[Stage]]) -> RunResult:
     """Train the student by ``make_plan``'s per-epoch stages against a :class:`TeacherTrajectory` (mode by
     ``prokd.mode``, one rule for every recipe here)."""
-    t0 = time.perf_counter()
     ctx = RunContext.open(cfg, resume, splits, run_dir)
     source = TeacherSource(ctx)
     teachers = source.trajectory(cfg.prokd.mode)
@@ -244,8 +242,8 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     teachers.finish()
     phase1 = sum(1 for s in plan if s.kind != "ce")
     cost = {"teacher_epochs_trained": teachers.epochs_trained_here, "teacher_epochs": teachers.total_epochs,
-            "student_epochs": cfg.train.epochs, "teacher_forward_images": state["forwards"],
-            "wall_time_s": time.perf_counter() - t0}
+            "student_epochs": cfg.train.epochs, "teacher_forward_images": state["forwards"]}
+    # no wall_time_s: the engine fills in the run's own, every session; an online teacher trains inside it
     result = trainer.finish(cost=cost, plan={"mode": teachers.mode, "phase1_epochs": phase1,
                                              "phase2_epochs": cfg.train.epochs - phase1,
                                              "stages": [[s.kind, s.teacher_epoch, s.temperature] for s in plan]})
