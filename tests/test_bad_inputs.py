@@ -133,7 +133,7 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("demo-no-seeds", ["demo", "--seeds", "0", "--quick", "--out", "{tmp}/d"], {}, {},
      "demo --seeds 0 is out of range"),
     ("out-dir-under-a-file", ["train", "{cfg}", "out_dir={tmp}/f/runs"], {"cfg.yaml": TINY, "f": "x"}, {},
-     "is under '{tmp}/f', which is a file, not a folder"),
+     "'{tmp}/f' is a file, not a folder (check out_dir)"),
     ("run-folder-is-a-file", ["train", "{cfg}", "name=taken"], {"cfg.yaml": TINY, "runs/taken": "x"}, {},
      "'{tmp}/runs/taken' is a file, not a folder"),
     ("escaped-os-error", ["train", "{cfg}", "name=r"], {"cfg.yaml": TINY, "runs/r/config.yaml": DIR}, {},

@@ -189,7 +189,6 @@ def _train(args: argparse.Namespace) -> int:
     plugins = import_plugins(plugin_names(args.plugin))
     cfg = load_config(args.config, args.overrides, plugins=plugins, resume=args.resume)
     recipe = RECIPES.get({"train": "train", "distill": "kd"}.get(args.command) or args.recipe)
-    check_folder(Path(cfg.out_dir) / cfg.name, "the run folder (out_dir/name)")
     if args.quiet:
         cfg = with_changes(cfg, train={"progress": False})
     result = recipe(cfg, resume=args.resume)
