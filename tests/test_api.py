@@ -129,3 +129,18 @@ def test_float_targets_train_a_regression(tmp_path: Path) -> None:
     # var(y) = 1 + 4 + ... + 25 = 55: three epochs of a linear model explain most of it
     assert run.summary["select_metric"] == "mse" and run.summary["best_val_mse"] < 20.0 and run.summary["val_r2"] > 0.6
     assert read_yaml(run.run_dir / "config.yaml")["data"]["options"]["task"] == "regression"
+
+
+def test_a_trained_module_is_used_as_the_teacher_as_it_is(tmp_path: Path, digits) -> None:
+    """A teacher given as an nn.Module instance is frozen as given (not retrained); its training data is
+    unknown, so the run says so in its summary."""
+    x, y = digits
+    trained = teachkit.train(small, (x, y), epochs=2, out_dir=tmp_path, quiet=True)
+    student = teachkit.distill(lambda: nn.Linear(64, 10), trained.model, (x, y), epochs=1, out_dir=tmp_path,
+                               quiet=True)
+    assert not (student.run_dir / "teacher").exists()  # nothing trained in the run
+    assert "records no data settings" in student.summary["teacher_overlap_allowed"]
+    assert any("records no data settings" in w for w in student.summary["warnings"])
+    frozen = teachkit.load(read_yaml(student.run_dir / "config.yaml")["teacher"]["checkpoint"], "last")
+    assert all(torch.equal(a, b) for a, b in zip(frozen.state_dict().values(), trained.model.state_dict().values(),
+                                                 strict=True))

@@ -9,7 +9,8 @@
 
 ``model`` / ``student`` may be a zoo name (``"resnet20"``), ``"package.module:factory"``, a class or function
 returning an ``nn.Module`` (called with ``input_shape`` / ``num_classes`` when it names them, so every seed
-gets a fresh initialisation), or an ``nn.Module`` instance (copied as given for every run). ``data`` may be
+gets a fresh initialisation), or an ``nn.Module`` instance (copied as given for every run; a ``teacher``
+instance is taken as trained and frozen as it is). ``data`` may be
 ``(x, y)`` arrays or tensors (integer labels: classification; float labels: regression), a mapping
 ``{"train": (x, y), "val": (x, y), "test": (x, y)}`` (val / test optional: carved from train, seeded and
 stratified, when absent), a dataset name (``"digits"``) or a ``data`` section as a mapping. Arrays are saved
@@ -36,8 +37,8 @@ import torch
 from torch import nn
 
 from teachkit.config import ModelConfig, from_dict, merge, read_yaml
-from teachkit.data import DataConfig
-from teachkit.engine.checkpoint import atomic_write
+from teachkit.data import DataConfig, load_splits
+from teachkit.engine.checkpoint import atomic_write, save_checkpoint
 from teachkit.errors import ConfigError
 from teachkit.models import MODELS
 from teachkit.models.zoo import call_factory
@@ -292,11 +293,36 @@ def train(model: Any, data: Any, *, loss: str = "ce", epochs: int | None = None,
                 quiet=quiet)
 
 
-def _teacher_section(teacher: Any, teacher_epochs: int | None, teacher_loss: str | None) -> dict[str, Any]:
+def save_trained_module(module: nn.Module, data: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """A trained ``nn.Module`` as a teacher checkpoint under ``out_dir/_teachers/`` (named by its content).
+
+    Its training data is unknown, so the checkpoint records none: the run refuses it unless
+    ``teacher.allow_overlap`` is set, and then says so in its summary."""
+    splits = load_splits(from_dict(dict(data), DataConfig))
+    name = model_section(module, "teacher")["name"]
+    tensors = {f"model/{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    digest = hashlib.sha256(name.encode())
+    for key, value in sorted(tensors.items()):
+        digest.update(key.encode())
+        digest.update(value.numpy().tobytes() if value.dtype != torch.bfloat16 else value.float().numpy().tobytes())
+    path = Path(out_dir).expanduser() / "_teachers" / f"{digest.hexdigest()[:16]}.safetensors"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"model": {"name": name, "options": {}, "taps": {}}, "input_shape": list(splits.input_shape),
+                 "num_classes": splits.num_classes, "dataset": splits.name, "loss": "unknown", "epoch": 0}
+        save_checkpoint(path, tensors, state)
+    return path
+
+
+def _teacher_section(teacher: Any, teacher_epochs: int | None, teacher_loss: str | None,
+                     data: Mapping[str, Any], out_dir: str | Path) -> dict[str, Any]:
     section: dict[str, Any] = {}
     path = _teacher_path(teacher)
     if path is not None:
         section["checkpoint"] = path
+    elif isinstance(teacher, nn.Module):  # a trained teacher, used as it is (its training data is unknown)
+        section["checkpoint"] = str(save_trained_module(teacher, data, out_dir))
+        section["allow_overlap"] = True
     elif teacher is not None:
         section["model"] = model_section(teacher, "teacher")
     if teacher_epochs is not None:
@@ -316,11 +342,13 @@ def distill(student: Any, teacher: Any, data: Any, *, method: str | list[str] = 
     """Distil ``student`` from ``teacher`` with ``method`` (``teachkit list losses``; a list combines several).
 
     ``teacher`` is a finished :class:`Run` or a checkpoint path (file or run folder) -- its data settings are
-    checked against ``data`` so it cannot have seen the student's val/test split -- or a model spec, trained
-    first in the run's ``teacher/`` folder on the full training split (``teacher_epochs``, ``teacher_loss``)."""
+    checked against ``data`` so it cannot have seen the student's val/test split --, a model spec (a name, a
+    class or function), trained first in the run's ``teacher/`` folder on the full training split
+    (``teacher_epochs``, ``teacher_loss``), or a trained ``nn.Module`` used as it is: teachkit cannot know
+    what it was trained on, so the summary records ``teacher_overlap_allowed`` and a warning."""
     tree = _common(data, out_dir, epochs, lr, optimizer, batch_size, seed, device)
     tree["model"] = model_section(student, "student")
-    tree["teacher"] = _teacher_section(teacher, teacher_epochs, teacher_loss)
+    tree["teacher"] = _teacher_section(teacher, teacher_epochs, teacher_loss, tree["data"], out_dir)
     kd: dict[str, Any] = {"method": method}
     if temperature is not None:
         kd["temperature"] = temperature
@@ -348,7 +376,7 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
     tree = _common(data, out_dir, epochs, lr, optimizer, batch_size, seed, device)
     tree["model"] = model_section(student, "student")
     tree["teacher"] = _teacher_section(teacher if teacher is not None else teacher_trajectory, teacher_epochs,
-                                       teacher_loss)
+                                       teacher_loss, tree["data"], out_dir)
     if options:
         if entry.options is None:
             raise ConfigError(f"recipe {recipe!r} takes no options")
