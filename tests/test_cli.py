@@ -242,3 +242,14 @@ def test_list_models_shows_each_models_options(capsys) -> None:
     out = capsys.readouterr().out
     assert "options: depth, width=1.0, shortcut='A'" in out  # resnet_cifar: depth has no default
     assert "options: hidden=(500,), dropout=0.0" in out
+
+
+def test_overrides_may_follow_options() -> None:
+    from teachkit.cli import parse
+
+    args = parse(["train", "c.yaml", "a=1", "--plugin", "m", "b=2", "--quiet", "c=3"])
+    assert args.overrides == ["a=1", "b=2", "c=3"] and args.plugin == ["m"] and args.quiet
+    with pytest.raises(SystemExit):
+        parse(["train", "c.yaml", "--nope"])
+    with pytest.raises(SystemExit):
+        parse(["list", "models", "a=1"])

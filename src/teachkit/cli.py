@@ -278,9 +278,22 @@ def _run(args: argparse.Namespace) -> int:
     raise AssertionError(args.command)
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``key=value`` overrides allowed after options as well (``--plugin m a=1``)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    overrides = [item for item in extra if "=" in item and not item.startswith("-")]
+    unknown = [item for item in extra if item not in overrides]
+    if unknown or (overrides and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
+    if overrides:
+        args.overrides = [*args.overrides, *overrides]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; user mistakes and escaped I/O errors print one line to stderr and exit with status 2."""
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return _run(args)
     except TeachkitError as e:
