@@ -113,3 +113,15 @@ def test_a_stale_sidecar_left_by_a_kill_is_recognised_and_rewritten(tmp_path):
     path.with_suffix(".json").unlink()
     with pytest.raises(CheckpointError, match="sha256 check"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/epoch_0001.safetensors"])
+def test_trajectory_files_stay_inside_their_folder(tmp_path, name) -> None:
+    folder = tmp_path / "trajectory"
+    folder.mkdir()
+    (folder / "trajectory.json").write_text(json.dumps({"checkpoints": [{"epoch": 1, "file": name,
+                                                                         "sha256": "0" * 64}]}))
+    trajectory = Trajectory(folder)
+    for read in (trajectory.path, trajectory.load):
+        with pytest.raises(CheckpointError, match="not a file of its folder"):
+            read(1)

@@ -317,11 +317,19 @@ class Trajectory:
         self.entries.sort(key=lambda e: e["epoch"])
         write_json(self.folder / self.MANIFEST, {"checkpoints": self.entries})
 
+    def _inside(self, name: str) -> Path:
+        """``folder/name``, refused when the manifest's file name points outside the trajectory folder."""
+        file = self.folder / name
+        if file.resolve().parent != self.folder.resolve():
+            raise CheckpointError(f"trajectory manifest {str(self.folder / self.MANIFEST)!r} lists {name!r}, which is "
+                                  "not a file of its folder")
+        return file
+
     def path(self, epoch: int) -> Path:
         """The file holding the checkpoint after ``epoch`` (a CheckpointError when there is none)."""
         for e in self.entries:
             if e["epoch"] == epoch:
-                return self.folder / e["file"]
+                return self._inside(e["file"])
         raise CheckpointError(f"trajectory {str(self.folder)!r} has no checkpoint for epoch {epoch}")
 
     @property
@@ -337,7 +345,7 @@ class Trajectory:
     def load(self, epoch: int) -> tuple[dict[str, Tensor], dict]:
         for e in self.entries:
             if e["epoch"] == epoch:
-                return load_checkpoint(self.folder / e["file"], expect_sha256=e["sha256"])
+                return load_checkpoint(self._inside(e["file"]), expect_sha256=e["sha256"])
         raise CheckpointError(f"trajectory {str(self.folder)!r} has no checkpoint for epoch {epoch}")
 
     def __len__(self) -> int:
