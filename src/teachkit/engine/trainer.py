@@ -24,8 +24,8 @@ previous checkpoint stays valid. Resuming with more ``loop.epochs`` than the che
 the run (the learning-rate schedule of the remaining epochs follows the new length).
 
 Output: with ``loop.progress`` a per-epoch line goes to stdout, and a progress bar to stderr only when stderr
-is a terminal (no bar redraws in nohup, SLURM or CI logs); ``progress=False`` silences both. Warnings
-(:meth:`Trainer.warn`) always print.
+is a terminal (no bar redraws in nohup, SLURM or CI logs); ``progress=False`` silences both, and
+warnings (:meth:`Trainer.warn`) are then only kept for the summary.
 
 Host syncs: one per step, the NaN guard reading the loss (the progress bar's running values travel in
 the same transfer); metrics accumulate on the device and are read once per epoch.
@@ -66,7 +66,7 @@ from teachkit.engine.optim import OptimConfig, build_optimizer
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
 from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
-from teachkit.options import Options, option
+from teachkit.options import Options, option, short_repr
 from teachkit.types import Batch, BatchSource, Evaluator, Progress, StepOutput
 
 StepFn = Callable[[Batch, Progress], StepOutput]
@@ -217,11 +217,6 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"a {type(value).__name__}"
-
-
 class Trainer:
     """Train ``modules`` with ``step_fn`` over ``batches``; see the module docstring for the arguments.
 
@@ -292,7 +287,7 @@ class Trainer:
         value = state[key]
         if not ok(value):
             raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: its state field {key}="
-                                  f"{_shown(value)} is not {expected}")
+                                  f"{short_repr(value)} is not {expected}")
         return value
 
     def _resume(self) -> None:

@@ -20,6 +20,7 @@ from teachkit.engine.checkpoint import describe_mismatch, strip
 from teachkit.engine.runlog import RunLog
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.models import FrozenTeacher, ModelConfig, make_model
+from teachkit.options import short_repr
 
 __all__ = ["FrozenTeacher", "RunResult", "check_compatible", "checkpoint_file", "composed_cost", "device_of",
            "finished_run", "load_data", "load_model", "model_meta", "seed_everything", "with_changes"]
@@ -134,11 +135,6 @@ def checkpoint_file(path: str | Path, select: str = "last") -> Path:
     return path
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"a {type(value).__name__}"
-
-
 def _positive_int(value: Any) -> bool:
     return type(value) is int and value >= 1
 
@@ -154,7 +150,7 @@ def shape_and_classes(state: dict[str, Any], file: str | Path | None) -> tuple[t
         if key not in state:
             raise CheckpointError(f"{name} has no {key!r} field (expected {expected})")
         if not ok(state[key]):
-            raise CheckpointError(f"{name} has {key}={_shown(state[key])}, not {expected}")
+            raise CheckpointError(f"{name} has {key}={short_repr(state[key])}, not {expected}")
     return tuple(state["input_shape"]), state["num_classes"]
 
 
@@ -165,7 +161,7 @@ def model_fields(state: dict[str, Any], file: str | Path) -> tuple[ModelConfig, 
         missing = "model" not in state
         raise CheckpointError(f"checkpoint {str(file)!r} does not describe its model (no 'model' field: not a "
                               f"teachkit model checkpoint)" if missing else
-                              f"checkpoint {str(file)!r} has model={_shown(state['model'])}, not a model config")
+                              f"checkpoint {str(file)!r} has model={short_repr(state['model'])}, not a model config")
     shape, classes = shape_and_classes(state, file)
     try:
         model_cfg = from_dict(state["model"], ModelConfig)
