@@ -20,15 +20,11 @@ from safetensors import SafetensorError, safe_open
 from teachkit.engine import Trajectory
 from teachkit.engine.checkpoint import STATE_KEY, load_checkpoint
 from teachkit.errors import CheckpointError
+from teachkit.options import short_repr
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: what every checkpoint of one trajectory must share
 IDENTITY_KEYS = ("model", "input_shape", "num_classes", "data")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def peek_state(path: Path, sha256: str) -> dict[str, Any]:
@@ -55,17 +51,17 @@ def validate_entries(folder: Path, doc: Any) -> list[dict[str, Any]]:
     for i, entry in enumerate(doc["checkpoints"]):
         at = f"{where} entry {i}"
         if not isinstance(entry, Mapping):
-            raise CheckpointError(f"{at} is {_short(entry)}, not an object with epoch, file and sha256")
+            raise CheckpointError(f"{at} is {short_repr(entry)}, not an object with epoch, file and sha256")
         epoch, file, sha = entry.get("epoch"), entry.get("file"), entry.get("sha256")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise CheckpointError(f"{at}: epoch={_short(epoch)} is not an integer >= 0")
+            raise CheckpointError(f"{at}: epoch={short_repr(epoch)} is not an integer >= 0")
         if epoch in seen:
             raise CheckpointError(f"{at}: epoch {epoch} is listed twice")
         seen.add(epoch)
         if not isinstance(file, str) or not file:
-            raise CheckpointError(f"{at}: file={_short(file)} is not a file name")
+            raise CheckpointError(f"{at}: file={short_repr(file)} is not a file name")
         if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
-            raise CheckpointError(f"{at}: sha256={_short(sha)} is not a 64-digit hex digest")
+            raise CheckpointError(f"{at}: sha256={short_repr(sha)} is not a 64-digit hex digest")
         path = (folder / file).resolve()
         if path == root or not path.is_relative_to(root):
             raise CheckpointError(f"{at}: file {file!r} resolves outside its trajectory folder {str(folder)!r}")
@@ -99,7 +95,8 @@ def read_trajectory(folder: str | Path) -> tuple[Trajectory, dict[str, Any]]:
             if state.get(key) != ref.get(key):
                 raise CheckpointError(
                     f"trajectory manifest {str(manifest)!r}: epoch {entry['epoch']} ({entry['file']!r}) is a "
-                    f"checkpoint with {key}={_short(state.get(key))}, not the trajectory's {_short(ref.get(key))} "
+                    f"checkpoint with {key}={short_repr(state.get(key))}, not the trajectory's "
+                    f"{short_repr(ref.get(key))} "
                     f"(epoch {ref_entry['epoch']}): another model's checkpoint")
     trajectory = Trajectory(folder)
     trajectory.entries = entries
