@@ -276,8 +276,11 @@ class RunContext:
 
     def trainer(self, modules: nn.Module | Mapping[str, nn.Module], step: StepFn, *, meta: dict[str, Any],
                 callbacks: Sequence[Callback] = (), desc: str | None = None, optim: OptimConfig | None = None,
-                loop: LoopConfig | None = None, splits: Splits | None = None) -> Trainer:
-        """A :class:`Trainer` for this run: its batches, evaluator, optimiser, loop options and folder."""
-        return Trainer(modules, step, self.batches(splits), optim or self.cfg.optim, self.evaluator(splits),
+                loop: LoopConfig | None = None, splits: Splits | None = None,
+                evaluator: Evaluator | None = None) -> Trainer:
+        """A :class:`Trainer` for this run: its batches, evaluator (the task's unless given), optimiser, loop
+        options and folder."""
+        return Trainer(modules, step, self.batches(splits), optim or self.cfg.optim,
+                       evaluator or self.evaluator(splits),
                        self.run_dir, loop=loop or self.loop(), callbacks=callbacks, meta=meta, resume=self.resume,
                        desc=desc or self.cfg.name)

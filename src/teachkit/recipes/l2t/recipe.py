@@ -495,8 +495,7 @@ def student_trainer(ctx: RunContext, teacher: LossTeacher,
         acc.update(W=0.0, b=0.0, n=0)
 
     trainer = ctx.trainer({"model": student, "l2t_state": TrackerModule(tracker)}, step, meta=dict(meta or {}),
-                          callbacks=[EpochHooks(start=start)])
-    trainer.evaluator = ObservedEvaluator(trainer.evaluator, observe)
+                          callbacks=[EpochHooks(start=start)], evaluator=ObservedEvaluator(ctx.evaluator(), observe))
     repair_jsonl(phi_path, "epoch", trainer.epoch)  # records after the checkpoint's epoch (or all) go
     return trainer, student
 
