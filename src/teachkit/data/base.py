@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -15,10 +15,11 @@ __all__ = ["Batch", "Splits", "TensorSplit"]
 
 @dataclass
 class TensorSplit:
-    """One split held as tensors: ``x`` float32 (N, *input_shape), ``y`` int64 (N,) class ids, or float32
-    (N,) / (N, d) regression targets."""
+    """One split held as tensors: ``x`` float32 (N, *input_shape) or tokenised text
+    (:class:`~teachkit.data.text.TokenFeatures`, indexed by rows like a tensor), ``y`` int64 (N,) class ids,
+    float32 (N,) / (N, d) regression targets, or int64 (N, 2) answer start/end positions (question answering)."""
 
-    x: Tensor
+    x: Any
     y: Tensor
 
     def __len__(self) -> int:
@@ -55,6 +56,12 @@ class Splits:
     #: the ``data`` section (:class:`~teachkit.data.DataConfig`) these splits were made from, so a run given
     #: them records the real dataset; ``None`` for splits built by hand
     config: Any = None
+    #: further evaluation splits beside ``test`` (MNLI's mismatched dev set: ``{"test_mm": ...}``)
+    extra_test: dict[str, TensorSplit] = field(default_factory=dict)
+
+    def eval_splits(self) -> dict[str, TensorSplit]:
+        """The splits evaluators measure: ``val``, ``test`` and the ``extra_test`` ones."""
+        return {"val": self.val, "test": self.test, **self.extra_test}
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -65,5 +72,6 @@ class Splits:
             return TensorSplit(s.x.to(device), s.y.to(device))
 
         return replace(self, train=mv(self.train), val=mv(self.val), test=mv(self.test),
+                       extra_test={k: mv(v) for k, v in self.extra_test.items()},
                        mean=None if self.mean is None else self.mean.to(device),
                        std=None if self.std is None else self.std.to(device))

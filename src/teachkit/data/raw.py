@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -22,6 +22,13 @@ from teachkit.registry import Registry, closest
 
 #: the task whose targets are real values (float32 ``y``); every other task has int64 class ids
 REGRESSION = "regression"
+#: tasks whose targets are (start, end) token positions per row, int64 (N, 2)
+SPAN_TASKS = ("squad",)
+
+
+def is_tokens(x: Any) -> bool:
+    """True for tokenised text (:class:`~teachkit.data.text.TokenFeatures`): integer columns, not a tensor."""
+    return not isinstance(x, Tensor) and hasattr(x, "inputs")
 
 
 @dataclass
@@ -45,6 +52,8 @@ class RawDataset:
     name: str = ""
     val_x: Tensor | None = None
     val_y: Tensor | None = None
+    #: further evaluation splits beside the test split, ``{name: (x, y)}`` (MNLI's mismatched dev set)
+    extra_test: dict[str, tuple[Any, Tensor]] = field(default_factory=dict)
 
     def parts(self) -> list[tuple[str, Tensor, Tensor]]:
         """(name, x, y) of each split the source gives: train, then val and test when present."""
@@ -60,15 +69,23 @@ class RawDataset:
         for part, x, y in (("val", self.val_x, self.val_y), ("test", self.test_x, self.test_y)):
             if (x is None) != (y is None):
                 raise DataError(f"{who}: {part}_x and {part}_y must both be given or both be None")
-        for part, x, y in self.parts():
-            if x.dim() < 2 or not x.is_floating_point():
+        for part, x, y in [*self.parts(), *((k, x, y) for k, (x, y) in self.extra_test.items())]:
+            if self.task in SPAN_TASKS:
+                if y.dim() != 2 or y.shape[1] != 2 or y.dtype != torch.int64 or y.shape[0] != x.shape[0]:
+                    raise DataError(f"{who}: {part} answer positions must be int64 ({x.shape[0]}, 2), got {y.dtype} "
+                                    f"{tuple(y.shape)}")
+                continue
+            if is_tokens(x):
+                if y.shape[0] != x.shape[0]:
+                    raise DataError(f"{who}: {part} has {x.shape[0]} examples but {y.shape[0]} labels")
+            elif x.dim() < 2 or not x.is_floating_point():
                 raise DataError(f"{who}: {part} inputs must be float (N, ...), "
                                 f"got {x.dtype} {tuple(x.shape)}")
             if self.task == REGRESSION:
                 self._check_real_targets(who, part, x, y)
             else:
                 self._check_class_ids(who, part, x, y)
-            if x.shape[1:] != self.train_x.shape[1:]:
+            if not is_tokens(x) and x.shape[1:] != self.train_x.shape[1:]:
                 raise DataError(f"{who}: {part} inputs {tuple(x.shape[1:])} differ from train "
                                 f"{tuple(self.train_x.shape[1:])}")
 

