@@ -22,8 +22,15 @@ from teachkit.registry import Registry, closest
 
 #: the task whose targets are real values (float32 ``y``); every other task has int64 class ids
 REGRESSION = "regression"
+#: tasks whose targets are real values: ``regression`` and those a source adds (GLUE's STS-B, ``glue-stsb``)
+REGRESSION_TASKS: set[str] = {REGRESSION}
 #: tasks whose targets are (start, end) token positions per row, int64 (N, 2)
 SPAN_TASKS = ("squad",)
+
+
+def is_regression(task: str) -> bool:
+    """True when ``task``'s targets are real values (float32, squared-error objective ``l2``)."""
+    return task in REGRESSION_TASKS
 
 
 def is_tokens(x: Any) -> bool:
@@ -81,7 +88,7 @@ class RawDataset:
             elif x.dim() < 2 or not x.is_floating_point():
                 raise DataError(f"{who}: {part} inputs must be float (N, ...), "
                                 f"got {x.dtype} {tuple(x.shape)}")
-            if self.task == REGRESSION:
+            if is_regression(self.task):
                 self._check_real_targets(who, part, x, y)
             else:
                 self._check_class_ids(who, part, x, y)

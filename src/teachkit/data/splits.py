@@ -31,7 +31,7 @@ from torch import Tensor
 
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.config import DataConfig
-from teachkit.data.raw import REGRESSION, SPAN_TASKS, is_tokens, load_raw
+from teachkit.data.raw import SPAN_TASKS, is_regression, is_tokens, load_raw
 from teachkit.errors import ConfigError, DataError
 from teachkit.options import from_mapping
 
@@ -189,7 +189,7 @@ def splits_for(cfg: DataConfig) -> Splits:
     name, val_fraction, train_subset = cfg.name, cfg.val_fraction, cfg.train_subset
     raw = load_raw(name, cfg.root, cfg.options)
     k, default_augment, task = raw.num_classes, raw.default_augment, raw.task
-    regression = task == REGRESSION or task in SPAN_TASKS  # no classes to stratify by
+    regression = is_regression(task) or task in SPAN_TASKS  # no classes to stratify by
     g = torch.Generator().manual_seed(cfg.split_seed)
 
     def carve(y: Tensor, fraction: Fraction) -> tuple[Tensor, Tensor]:

@@ -29,6 +29,7 @@ from torch import nn
 
 from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict, with_changes
 from teachkit.data import BatchLoader, Splits, make_augment
+from teachkit.data.raw import is_regression
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
 from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
 from teachkit.engine.trainer import select_metric
@@ -210,9 +211,9 @@ class RunContext:
         fresh = check_run_dir(cfg, folder, resume)
         splits = splits if splits is not None else load_data(cfg.data, device)
         select_metric(EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size), cfg.train.select_metric)
-        if (splits.task == "regression") != (cfg.train.loss == "l2"):
+        if is_regression(splits.task) != (cfg.train.loss == "l2"):
             raise ConfigError(f"train.loss={cfg.train.loss} does not fit dataset {splits.name!r} (task {splits.task}): "
-                              + ("real-valued targets need train.loss=l2" if splits.task == "regression" else
+                              + ("real-valued targets need train.loss=l2" if is_regression(splits.task) else
                                  "l2 is for real-valued targets (task regression); use ce, mse or mse-logits"))
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
             make_model(cfg.model, splits.input_shape, splits.num_classes)

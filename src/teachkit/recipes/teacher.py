@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, with_changes
+from teachkit.data.raw import is_regression
 from teachkit.engine import Trainer, Trajectory
 from teachkit.engine.checkpoint import load_checkpoint, strip
 from teachkit.engine.trainer import channels_last
@@ -100,7 +101,7 @@ class TeacherSource:
     """The teacher of the run ``ctx`` (see the module docstring)."""
 
     def __init__(self, ctx: RunContext) -> None:
-        if ctx.splits.task == "regression":
+        if is_regression(ctx.splits.task):
             raise ConfigError(f"distillation needs class scores, but dataset {ctx.splits.name!r} has real-valued "
                               "targets (task regression); train models on it with teachkit train and "
                               "train.loss=l2")
