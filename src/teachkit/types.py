@@ -67,6 +67,20 @@ class Batch(NamedTuple):
         """The number of samples (rows of ``index``; a method may show the model more rows, e.g. rotations)."""
         return int(self.index.shape[0])
 
+    def rows(self, start: int, stop: int) -> Batch:
+        """Samples ``start:stop`` of this batch (tokenised inputs are trimmed to their longest sequence)."""
+        x = self.x
+        part = x[start:stop] if isinstance(x, Tensor) or not isinstance(x, Mapping) or hasattr(x, "rows") else \
+            {k: v[start:stop] if isinstance(v, Tensor) else v for k, v in x.items()}
+        y = self.y[start:stop] if isinstance(self.y, Tensor) else self.y
+        return Batch(part, y, self.index[start:stop])
+
+    def chunks(self, size: int) -> list[Batch]:
+        """This batch as consecutive pieces of at most ``size`` samples (gradient accumulation)."""
+        if self.size <= size:
+            return [self]
+        return [self.rows(i, i + size) for i in range(0, self.size, size)]
+
     def map_x(self, fn: Callable[[Tensor], Tensor]) -> Batch:
         """The same batch with ``fn`` applied to its input tensor(s)."""
         return Batch(map_inputs(self.x, fn), self.y, self.index)

@@ -180,6 +180,22 @@ def random_subset(n: int, size: int, generator: torch.Generator) -> Tensor:
     return torch.sort(torch.randperm(n, generator=generator)[:size]).values
 
 
+def example_groups(x: Any) -> Tensor | None:
+    """Each row's example id when rows are windows of examples (SQuAD: a long context gives several rows per
+    question), so that a carve keeps every window of an example on one side; None otherwise."""
+    if is_tokens(x) and "example_id" in x.side:
+        return x.side["example_id"].cpu()
+    return None
+
+
+def grouped_fraction(groups: Tensor, fraction: Fraction, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """(rest, taken): sorted row positions, round(fraction * examples) whole examples taken at random."""
+    ids = torch.unique(groups)
+    _, held = random_fraction(len(ids), fraction, generator)
+    taken = torch.isin(groups, ids[held])
+    return taken.logical_not().nonzero().flatten(), taken.nonzero().flatten()
+
+
 def splits_for(cfg: DataConfig) -> Splits:
     """The splits a validated ``data`` section describes (a teacher uses ``cfg.full()``).
 
@@ -192,7 +208,10 @@ def splits_for(cfg: DataConfig) -> Splits:
     regression = is_regression(task) or task in SPAN_TASKS  # no classes to stratify by
     g = torch.Generator().manual_seed(cfg.split_seed)
 
-    def carve(y: Tensor, fraction: Fraction) -> tuple[Tensor, Tensor]:
+    def carve(x: Any, y: Tensor, fraction: Fraction) -> tuple[Tensor, Tensor]:
+        groups = example_groups(x)
+        if groups is not None:
+            return grouped_fraction(groups, fraction, g)
         if regression:
             return random_fraction(len(y), fraction, g)
         return stratified_fraction(y, k, fraction, g)
@@ -204,7 +223,7 @@ def splits_for(cfg: DataConfig) -> Splits:
         if len(y) < (2 if given_val else 3):
             carved = "a test split" if given_val else "test and val splits"
             raise DataError(f"dataset {name!r} has {len(y)} samples, too few to carve {carved}")
-        rest, held = carve(y, TEST_FRACTION)
+        rest, held = carve(x, y, TEST_FRACTION)
         if len(held) == 0:
             raise DataError(f"dataset {name!r}: carving 20% of {len(y)} training samples as test leaves an "
                             "empty test split (too few samples per class); give a test split")
@@ -217,7 +236,7 @@ def splits_for(cfg: DataConfig) -> Splits:
     else:
         if len(y) < 2:
             raise DataError(f"dataset {name!r} has {len(y)} training samples, too few to carve a val split")
-        rest, held = carve(y, Fraction(val_fraction))
+        rest, held = carve(x, y, Fraction(val_fraction))
         if len(held) == 0:
             raise DataError(f"dataset {name!r}: val_fraction={val_fraction} of {len(y)} training samples "
                             "leaves an empty val split")

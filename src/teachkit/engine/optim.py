@@ -14,7 +14,8 @@ from teachkit.options import Options, option, short_repr
 
 @dataclass
 class OptimConfig(Options):
-    """Optimiser and learning-rate schedule (per-step warm-up, then step/multistep/cosine/constant)."""
+    """Optimiser and learning-rate schedule (per-step warm-up, then step/multistep/cosine/constant, or
+    ``linear``: per-step decay to 0 at the end, Hugging Face's default for fine-tuning)."""
 
     name: Literal["sgd", "adamw"] = "sgd"
     lr: float = option(0.1, gt=0.0)
@@ -22,7 +23,7 @@ class OptimConfig(Options):
     nesterov: bool = False
     weight_decay: float = option(5e-4, ge=0.0)
     betas: list[float] = option(factory=lambda: [0.9, 0.999])
-    schedule: Literal["constant", "step", "multistep", "cosine"] = "cosine"
+    schedule: Literal["constant", "step", "multistep", "cosine", "linear"] = "cosine"
     milestones: list[int] = option(factory=list)
     step_size: int = option(30, ge=1)
     gamma: float = option(0.1, gt=0.0, le=1.0)

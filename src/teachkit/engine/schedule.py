@@ -11,7 +11,8 @@ def lr_factor(cfg: OptimConfig, epoch: int, step: int, steps_per_epoch: int, epo
     """Multiplier of ``cfg.lr`` at (epoch, step): linear warm-up per step, then the schedule.
 
     ``step`` and ``multistep`` decay at epoch boundaries (as the reference CIFAR recipes do);
-    ``cosine`` anneals per step from 1 to 0 over the epochs after warm-up.
+    ``cosine`` anneals per step from 1 to 0 over the epochs after warm-up; ``linear`` decays per step from 1
+    to 0 over them.
     """
     t = epoch + step / max(1, steps_per_epoch)
     if cfg.warmup_epochs > 0 and t < cfg.warmup_epochs:
@@ -23,4 +24,6 @@ def lr_factor(cfg: OptimConfig, epoch: int, step: int, steps_per_epoch: int, epo
     if cfg.schedule == "multistep":
         return cfg.gamma ** sum(epoch >= m for m in cfg.milestones)
     span = max(1e-8, epochs - cfg.warmup_epochs)
+    if cfg.schedule == "linear":  # transformers' get_linear_schedule_with_warmup, per step
+        return max(0.0, 1.0 - (t - cfg.warmup_epochs) / span)
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (t - cfg.warmup_epochs) / span)))

@@ -87,6 +87,9 @@ class LoopConfig(Options):
     progress: bool = True
     select_metric: str | None = None
     select_mode: Literal["auto", "max", "min"] = "auto"
+    #: gradient accumulation: each batch runs in chunks of at most this many samples, chunk losses weighted by
+    #: their share of the batch's samples (the real count, so a short last chunk weighs less); None = whole
+    micro_batch: int | None = option(None, ge=1)
 
 
 @dataclass
@@ -394,29 +397,33 @@ class Trainer:
             lr = oc.lr * lr_factor(oc, epoch, step, self.steps, loop.epochs)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            with autocast:
-                out = self.step_fn(batch, progress)
-            loss = sum(out.terms.values())
             n = batch.size
             seen += n
-            with torch.no_grad():
-                stats = {"loss": loss.detach(), **{k: v.detach() for k, v in out.terms.items()}}
-                for k, v in stats.items():
-                    sums[f"train.{k}"] = sums.get(f"train.{k}", 0) + v.double() * n
-                extra = self.evaluator.train_metrics(out.outputs, batch) if out.outputs is not None else {}
-                for k, v in {**extra, **out.metrics}.items():
-                    sums[k] = sums.get(k, 0) + v.double()
-            # the step's one host sync: the NaN guard (and the progress bar's running values)
-            if show:
-                shown = [k for k in ("train_acc",) if k in sums]
-                host = torch.stack([stats["loss"].double(), sums["train.loss"], *(sums[k] for k in shown)]).tolist()
-                value = host[0]
-            else:
-                value = float(stats["loss"])
-            if not math.isfinite(value):
-                raise self._nonfinite(value, epoch, step)
+            chunks = batch.chunks(loop.micro_batch) if loop.micro_batch else [batch]
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            for chunk in chunks:
+                with autocast:
+                    out = self.step_fn(chunk, progress)
+                loss = sum(out.terms.values())
+                m = chunk.size
+                with torch.no_grad():
+                    stats = {"loss": loss.detach(), **{k: v.detach() for k, v in out.terms.items()}}
+                    for k, v in stats.items():
+                        sums[f"train.{k}"] = sums.get(f"train.{k}", 0) + v.double() * m
+                    extra = self.evaluator.train_metrics(out.outputs, chunk) if out.outputs is not None else {}
+                    for k, v in {**extra, **out.metrics}.items():
+                        sums[k] = sums.get(k, 0) + v.double()
+                # the chunk's one host sync: the NaN guard (and the progress bar's running values)
+                if show:
+                    shown = [k for k in ("train_acc",) if k in sums]
+                    host = torch.stack([stats["loss"].double(), sums["train.loss"],
+                                        *(sums[k] for k in shown)]).tolist()
+                    value = host[0]
+                else:
+                    value = float(stats["loss"])
+                if not math.isfinite(value):
+                    raise self._nonfinite(value, epoch, step)
+                (loss if len(chunks) == 1 else loss * (m / n)).backward()
             if oc.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.params, oc.grad_clip)
             self.optimizer.step()

@@ -39,7 +39,8 @@ class DistillLoss(nn.Module):
       "stages", "stages_pre", or a named extra); a student is asked only for what the loss reads of it;
     - ``term_names``: the keys :meth:`forward` may return;
     - ``default_weight``: the paper's gamma in ``L = CE + gamma * L_distill``;
-    - ``replaces_ce``: True when the method computes its own label loss (the objective adds no CE).
+    - ``replaces_ce``: True when the method computes its own label loss (the objective adds no CE);
+    - ``token_level``: True when it compares per-token tensors, so teacher and student must share a tokenizer.
 
     ``__init__(student, teacher, options=None, *, num_classes, num_samples)``: ``student``/``teacher`` are
     probed :class:`Taps` (batch of 2, eval mode, no grad); ``options`` the method's typed options (its
@@ -57,6 +58,8 @@ class DistillLoss(nn.Module):
     term_names: ClassVar[tuple[str, ...]] = ()
     default_weight: ClassVar[float] = 1.0
     replaces_ce: ClassVar[bool] = False
+    #: compares token-level tensors (hidden states, attention maps): teacher and student need one tokenizer
+    token_level: ClassVar[bool] = False
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
                  num_samples: int = 0) -> None:

@@ -12,7 +12,9 @@ A :class:`TapSpec` names module paths (as in ``model.named_modules()``):
   or a tuple), the field holding the logits (default ``logits``; a tuple's first element).
 
 A loss may also ask for a field of a structured output by name (``hidden_states``, ``attentions``); such
-fields come back in ``Taps.extra``. Zoo models carry ``model.tap_spec``; a user model gets one from
+fields come back in ``Taps.extra``. A model with a ``request_outputs(names)`` method is told the field names
+before the forward (and an empty set after), so it returns a plain logits tensor to every other caller.
+Zoo models carry ``model.tap_spec``; a user model gets one from
 ``model.taps`` in the config, and a plain ``nn.Module`` without any works for logit-only methods. Hooks
 resolve on the unwrapped module (``.module`` of DDP/DataParallel, ``._orig_mod`` of torch.compile). Stage
 maps come back in the order the spec lists them; a module run several times per forward reports its last
@@ -221,10 +223,16 @@ class Tapped(nn.Module):
     def forward(self, x: Inputs) -> Taps:
         self._records = {}
         self._active = True
+        # models that build structured outputs only on request (teachkit's Hugging Face wrappers)
+        request = getattr(unwrap(self.model), "request_outputs", None) if self.output_fields else None
+        if request is not None:
+            request(set(self.output_fields))
         try:
             out = call_model(self.model, x)
         finally:
             self._active = False
+            if request is not None:
+                request(set())
             rec, self._records = self._records, {}
         logits, fields = split_output(out, self.spec.logits)
 
