@@ -84,6 +84,12 @@ class TeacherConfig(Options):
     loss: str = "ce"
     #: run with a teacher whose training data may overlap the student's val/test split (recorded in the summary)
     allow_overlap: bool = False
+    #: compute the frozen teacher's outputs once and reuse them (auto: whenever the inputs do not change across
+    #: epochs and the method reads only logits/embedding; see teachkit.recipes.teacher_cache)
+    cache: Literal["auto", "off"] = "auto"
+    #: storage of cached outputs: float32 (exact) or float16 (half the memory, rounded)
+    cache_dtype: Literal["float32", "float16"] = "float32"
+    resumable = frozenset({"cache"})
 
     def validate(self) -> None:
         OBJECTIVES.entry(self.loss)

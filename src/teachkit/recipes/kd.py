@@ -17,17 +17,18 @@ import torch
 from torch import nn
 
 from teachkit.config import RunConfig
-from teachkit.data import Splits
+from teachkit.data import Splits, make_augment
 from teachkit.engine import Callback, OptimConfig, Trainer, load_checkpoint
 from teachkit.engine.checkpoint import strip, write_json
-from teachkit.losses import DistillObjective, build_objective, needs_of
+from teachkit.losses import DistillLoss, DistillObjective, build_objective, needs_of
 from teachkit.models import Tapped
 from teachkit.options import from_mapping
 from teachkit.recipes.common import RunResult, folder_wall_time
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource
-from teachkit.types import StepOutput, TrainingStage, num_rows
+from teachkit.recipes.teacher_cache import TeacherOutputs, teacher_outputs
+from teachkit.types import StepOutput, TrainingStage
 
 #: a distillation term this many times the CE term in the first epoch is warned about
 DOMINANCE = 100.0
@@ -78,6 +79,24 @@ def build_distill_objective(ctx: RunContext, student: nn.Module,
     return objective.to(ctx.device), s_tap, t_tap
 
 
+def cached_teacher(ctx: RunContext, t_tap: Tapped, objective: DistillObjective) -> TeacherOutputs:
+    """The frozen teacher's outputs for the student's batches: cached once when ``teacher.cache`` and the run
+    allow it (:mod:`teachkit.recipes.teacher_cache`), else computed per batch."""
+    cfg = ctx.cfg
+    transforms = any(type(m).transform_batch is not DistillLoss.transform_batch for m in objective.methods.values())
+    _, needs = needs_of(cfg.kd.methods)
+    return teacher_outputs(t_tap, ctx.splits.train, needs=needs, mode=cfg.teacher.cache,
+                           augmented=make_augment(cfg.data.augment, ctx.splits) is not None, transforms=transforms,
+                           out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
+                           dtype=cfg.teacher.cache_dtype)
+
+
+def teacher_forward_cost(outputs: TeacherOutputs, trainer: Trainer, samples: int) -> dict[str, int]:
+    """Teacher forwards done this session and saved by the cache (the per-batch forwards it replaced)."""
+    saved = trainer.samples_seen if outputs.cached else 0
+    return {"teacher_forward_images": outputs.forwards, "teacher_forwards_saved": saved}
+
+
 def run_stage(ctx: RunContext, stage: TrainingStage) -> None:
     """Train ``stage`` through the engine in ``run_dir/<stage.name>`` (resumed exactly after a crash), or
     load it when that folder holds a finished stage; then ``stage.finish()``."""
@@ -115,13 +134,12 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     for stage in stages:
         run_stage(ctx, stage)
 
-    forwards = [0]
+    outputs = cached_teacher(ctx, t_tap, objective)
 
     def step(batch, progress):
         n = batch.size
         batch = objective.transform_batch(batch)  # keeps the original samples first
-        forwards[0] += num_rows(batch.x)
-        t_out = t_tap(batch.x)
+        t_out = outputs(batch)
         s_out = s_tap(batch.x)
         return StepOutput(objective(s_out, t_out, batch, progress), s_out.logits[:n])
 
@@ -133,8 +151,9 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     source.report(trainer)
     while not trainer.done:
         trainer.run_epoch()
-    result = trainer.finish(cost={"teacher_epochs_trained": source.epochs_trained, "student_epochs": cfg.train.epochs,
-                                  "teacher_forward_images": forwards[0],
+    result = trainer.finish(teacher_cache=outputs.report(),
+                            cost={"teacher_epochs_trained": source.epochs_trained, "student_epochs": cfg.train.epochs,
+                                  **teacher_forward_cost(outputs, trainer, len(ctx.splits.train)),
                                   # every session of the student, its in-command teacher and training stages
                                   "wall_time_s": trainer.wall_time + sum(
                                       folder_wall_time(ctx.run_dir / name)

@@ -1,0 +1,201 @@
+"""Teacher outputs computed once: a frozen teacher's taps for the transfer set, cached in memory and on disk.
+
+When the student's inputs for a sample do not change across epochs (no augmentation, no batch transform such
+as HSAKD's rotations: text classification and QA, tabular data, images without augmentation), a frozen
+teacher's outputs are a pure function of the sample. They are computed once, in eval mode and in batches of
+``data.eval_batch_size``, and every later epoch -- and every student run with the same teacher weights and
+the same transfer set (another KD method, seed, TAKD's student, ESKD's search, a Pro-KD replay stage) --
+reads them instead of running the teacher.
+
+The cache key is the sha256 of the teacher's weights (every tensor of its state dict, in order), of the
+transfer set's inputs, of the taps stored and of the storage dtype. Files live in ``out_dir/_cache/
+teacher_outputs/<key>.safetensors`` (written atomically; safetensors, nothing unpickled); each records its
+key and the digest of its contents, verified when read, and is never used when either differs (it is then
+recomputed and rewritten). Cached taps: ``logits`` and ``embedding`` (fixed size per sample); methods that
+read other teacher taps (feature maps, attention) run the teacher on each batch.
+
+Exactness: a teacher in eval mode gives each sample the same output whatever batch it is in when its
+kernels are batch-invariant (measured for the MLP/CNN zoo on CPU: bit-identical, so cached and uncached
+students are bit-identical). Transformer encoders with dynamic padding differ at float rounding (~3e-8 on
+MiniLM logits) between padded lengths, so their students agree to float tolerance, not bit for bit.
+``teacher.cache_dtype=float16`` halves the memory and disk cost and rounds the logits (not exact; reported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from teachkit.data.base import TensorSplit
+from teachkit.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from teachkit.errors import WriteError
+from teachkit.models import Tapped
+from teachkit.types import Batch, Taps, num_rows
+
+#: taps a cache can hold: one fixed-size tensor per sample
+CACHEABLE = ("logits", "embedding")
+FOLDER = Path("_cache") / "teacher_outputs"
+
+
+def tensor_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
+    """sha256 over names, dtypes, shapes and bytes of ``tensors`` (moved to the CPU, contiguous)."""
+    h = hashlib.sha256()
+    for name, t in tensors:
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def inputs_digest(x: Any) -> str:
+    """sha256 of a split's inputs: a tensor, or the input columns of tokenised text."""
+    if isinstance(x, Tensor):
+        return tensor_digest([("x", x)])
+    inputs = getattr(x, "inputs", x)
+    return tensor_digest(sorted(inputs.items()))
+
+
+def weights_digest(model: nn.Module) -> str:
+    """sha256 of a model's state dict (parameters and buffers, in order)."""
+    return tensor_digest(model.state_dict().items())
+
+
+def _rows(x: Any, start: int, stop: int) -> Any:
+    return x[start:stop]
+
+
+def _padded(t: Tensor, length: int) -> Tensor:
+    """``t`` (B, L_b, ...) zero-padded along dim 1 to ``length`` (token-level outputs of trimmed batches)."""
+    if t.dim() < 2 or t.shape[1] == length:
+        return t
+    pad = [0, 0] * (t.dim() - 2) + [0, length - int(t.shape[1])]
+    return torch.nn.functional.pad(t, pad)
+
+
+@dataclass
+class TeacherOutputs:
+    """The frozen, tapped teacher's outputs for training batches: from ``cache`` rows (``batch.index``) when
+    there is one, else from a forward on the batch. ``forwards`` counts samples the teacher ran on;
+    ``status`` says which (``computed``: filled this run; ``loaded``: read from disk; ``off`` and why)."""
+
+    teacher: Tapped
+    cache: dict[str, Tensor] = field(default_factory=dict)
+    status: str = "off"
+    why: str = ""
+    forwards: int = 0
+    path: Path | None = None
+    dtype: torch.dtype = torch.float32
+
+    def __call__(self, batch: Batch) -> Taps:
+        if not self.cache:
+            self.forwards += num_rows(batch.x)
+            return self.teacher(batch.x)
+        index = batch.index.to(next(iter(self.cache.values())).device)
+        out: dict[str, Tensor] = {}
+        width = _token_length(batch.x)
+        for name, table in self.cache.items():
+            rows = table[index]
+            if rows.dim() >= 3 and width is not None:  # token-level: trim to the batch's padded length
+                rows = rows[:, :width]
+            out[name] = rows.float() if rows.dtype == torch.float16 else rows
+        return Taps(out["logits"], out.get("embedding"))
+
+    @property
+    def cached(self) -> bool:
+        return bool(self.cache)
+
+    def report(self) -> dict[str, Any]:
+        """What the run summary records about the cache."""
+        info: dict[str, Any] = {"status": self.status}
+        if self.why:
+            info["why"] = self.why
+        if self.cache:
+            info["taps"] = sorted(self.cache)
+            info["dtype"] = str(self.dtype).replace("torch.", "")
+            info["bytes"] = int(sum(t.numel() * t.element_size() for t in self.cache.values()))
+            if self.path is not None:
+                info["file"] = str(self.path)
+        return info
+
+
+def _token_length(x: Any) -> int | None:
+    if isinstance(x, Tensor):
+        return None
+    ids = x.get("input_ids") if isinstance(x, Mapping) else None
+    return int(ids.shape[1]) if isinstance(ids, Tensor) and ids.dim() == 2 else None
+
+
+def reason_not_cacheable(mode: str, needs: Iterable[str], augmented: bool, transforms: bool) -> str:
+    """Why the teacher's outputs cannot be cached for this run ("" when they can)."""
+    if mode == "off":
+        return "teacher.cache=off"
+    if augmented:
+        return "the inputs are augmented (they change every epoch)"
+    if transforms:
+        return "the method transforms each batch (e.g. HSAKD's rotations)"
+    other = sorted(set(needs) - set(CACHEABLE))
+    if other:
+        return f"the method reads teacher taps that are not cached ({', '.join(other)})"
+    return ""
+
+
+@torch.no_grad()
+def compute_outputs(teacher: Tapped, split: TensorSplit, names: tuple[str, ...], batch_size: int,
+                    dtype: torch.dtype) -> dict[str, Tensor]:
+    """The teacher's ``names`` taps for every sample of ``split``, in order (eval mode, batches of ``batch_size``;
+    token-level outputs zero-padded to the split's padded length)."""
+    full = _token_length(split.x[0:1]) if not isinstance(split.x, Tensor) else None
+    full = int(split.x.shape[1]) if full is not None else None
+    parts: dict[str, list[Tensor]] = {n: [] for n in names}
+    for start in range(0, len(split), batch_size):
+        taps = teacher(_rows(split.x, start, start + batch_size))
+        for n in names:
+            value = taps.get(n)
+            if not isinstance(value, Tensor):
+                raise CheckpointError(f"teacher tap {n!r} is not a tensor; run with teacher.cache=off")
+            value = value.detach()
+            if full is not None and value.dim() >= 3:
+                value = _padded(value, full)
+            parts[n].append(value.to(dtype))
+    return {n: torch.cat(v) for n, v in parts.items()}
+
+
+def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str], mode: str, augmented: bool,
+                    transforms: bool, out_dir: Path, batch_size: int, dtype: str = "float32") -> TeacherOutputs:
+    """The teacher's outputs for the transfer set ``split``: cached (read from ``out_dir/_cache`` when a file
+    with the same key verifies, else computed once and written) when the run allows it, else per batch."""
+    store = torch.float16 if dtype == "float16" else torch.float32
+    why = reason_not_cacheable(mode, needs, augmented, transforms)
+    if why:
+        return TeacherOutputs(teacher, status="off", why=why)
+    names = tuple(n for n in CACHEABLE if n in set(needs))
+    key = hashlib.sha256("|".join([weights_digest(teacher.model), inputs_digest(split.x), ",".join(names),
+                                   str(store), str(len(split))]).encode()).hexdigest()
+    path = Path(out_dir) / FOLDER / f"{key}.safetensors"
+    device = split.y.device
+    if path.is_file():
+        try:
+            tensors, state = load_checkpoint(path)
+            if state.get("key") == key and sorted(tensors) == sorted(names):  # content digest verified on load
+                return TeacherOutputs(teacher, {n: t.to(device) for n, t in tensors.items()}, "loaded", path=path,
+                                      dtype=store)
+        except CheckpointError:
+            pass  # unreadable or tampered: recomputed and rewritten below
+    cache = compute_outputs(teacher, split, names, batch_size, store)
+    result = TeacherOutputs(teacher, {n: t.to(device) for n, t in cache.items()}, "computed", path=path,
+                            forwards=len(split), dtype=store)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cpu = {n: t.cpu().contiguous() for n, t in cache.items()}
+        save_checkpoint(path, cpu, {"key": key, "samples": len(split)})
+    except (OSError, WriteError) as e:  # the cache is an optimisation: a run never fails because it cannot be written
+        result.why = f"not written to disk ({e})"
+        result.path = None
+    return result
