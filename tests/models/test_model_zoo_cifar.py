@@ -23,6 +23,7 @@ IMAGENET_RESNETS = ["resnet18", "resnet34", "resnet50"]
 NEW = {name: {} for name in [*WRNS, *VGGS, *IMAGENET_RESNETS, "mobilenetv2", "shufflenetv1", "shufflenetv2",
                              "resnet50_cifar", "densenet_bc"]}
 NEW["wrn"] = {"depth": 16}
+NEW["hf_text"] = {"preset": "bert-tiny"}  # tests/models/test_text_models.py
 
 #: Forward on (3, 32, 32): the small members of each family (see the module docstring).
 FORWARD = [("wrn_16_1", {}), ("wrn_16_2", {}), ("wrn_40_1", {}), ("wrn_40_2", {}), ("wrn", {"depth": 10}),

@@ -68,7 +68,16 @@ def test_online_and_replay_give_identical_students(tiny, tmp_path):
     s = online.summary
     assert s["plan"]["phase1_epochs"] == 3 and s["plan"]["phase2_epochs"] == 1
     assert s["cost"]["teacher_epochs_trained"] == 3 and replay.summary["cost"]["teacher_epochs_trained"] == 0
-    assert s["cost"]["teacher_forward_images"] == replay.summary["cost"]["teacher_forward_images"] > 0
+    # online: each of the 3 teacher checkpoints' logits computed once for the 216 training samples (cached);
+    # replay reads the very same cache entries (same weights, same transfer set) and runs no teacher forward
+    assert s["cost"]["teacher_forward_images"] == 3 * 216 and s["teacher_cache"] == {"computed": 3}
+    assert replay.summary["cost"]["teacher_forward_images"] == 0 and replay.summary["teacher_cache"] == {"loaded": 3}
+    assert s["cost"]["teacher_forwards_saved"] == replay.summary["cost"]["teacher_forwards_saved"] == 3 * 216
+    uncached = RECIPES.get("prokd")(prokd_cfg(tiny, "nocache", model=dropout, prokd={"mode": "replay"},
+                                              teacher={"checkpoint": str(teacher_dir), "cache": "off"}))
+    for (k, a), (_, b) in zip(online.model.state_dict().items(), uncached.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    assert uncached.summary["cost"]["teacher_forward_images"] == 3 * 216
     assert {"best_epoch", "best_val_acc", "val_acc", "test_acc"} <= set(s)
     terms = [set(json.loads(line)["train"]) for line in (online.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert terms[0] == {"prokd", "loss"} and terms[-1] == {"ce", "loss"}

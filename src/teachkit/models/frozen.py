@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from teachkit.data.text import TEACHER_PREFIX
 from teachkit.types import Inputs, call_model
 
 
@@ -59,7 +60,13 @@ class FrozenTeacher(nn.Module):
         self.in_shift = ((ms - mt) / st).to(device)
         return True
 
-    def forward(self, x: Inputs) -> Any:
+    def forward(self, x: Inputs | None = None, **named: Tensor) -> Any:
+        """The teacher's output for ``x`` (a tensor or a mapping of named inputs, also accepted as keywords).
+        Tokenised text carrying the teacher's own tokenisation (keys prefixed ``teacher.``) feeds it those."""
+        if x is None:
+            x = named
+        if isinstance(x, Mapping) and any(isinstance(k, str) and k.startswith(TEACHER_PREFIX) for k in x):
+            x = {k[len(TEACHER_PREFIX):]: v for k, v in x.items() if k.startswith(TEACHER_PREFIX)}
         with torch.no_grad():
             if self.in_scale is not None and isinstance(x, Tensor) and x.dim() >= 2 \
                     and x.shape[1] == self.in_scale.numel():

@@ -29,21 +29,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch.nn.functional as F
 from torch import Tensor
 
 from teachkit.config import RunConfig
-from teachkit.data import Splits
+from teachkit.data import Splits, make_augment
 from teachkit.engine import Callback, Trainer
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.losses.kd import kd_kl
+from teachkit.models import Tapped
 from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TeacherSource
+from teachkit.recipes.teacher_cache import teacher_outputs
 from teachkit.types import StepOutput, upcast
 
 
@@ -209,21 +211,34 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     ctx.seed()
     student = ctx.model()
     tau_max, reduction, alpha = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha
-    state = {"teacher": None, "forwards": 0}
+    state: dict[str, Any] = {"outputs": None, "epoch": None, "forwards": 0, "saved": 0, "cache": []}
+    augmented = make_augment(cfg.data.augment, ctx.splits) is not None
 
     class FollowTeacher(PlanInfo):
         def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
             super().on_epoch_start(trainer, epoch)
             stage = plan[epoch]
-            state["teacher"] = teachers.at(stage.teacher_epoch) if stage.teacher_epoch is not None else None
+            if stage.teacher_epoch is None or stage.teacher_epoch == state["epoch"]:
+                return
+            # the teacher after epoch k: its logits for the transfer set, cached once when inputs never change
+            outputs = teacher_outputs(Tapped(teachers.at(stage.teacher_epoch)), ctx.splits.train, needs={"logits"},
+                                      mode=cfg.teacher.cache, augmented=augmented, transforms=False,
+                                      out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
+                                      dtype=cfg.teacher.cache_dtype)
+            if state["outputs"] is not None:
+                state["forwards"] += state["outputs"].forwards
+            state["outputs"], state["epoch"] = outputs, stage.teacher_epoch
+            state["cache"].append(outputs.status)
 
     def step(batch, progress):
         stage = plan[progress.epoch]
         zs = student(batch.x)
         if stage.kind == "ce":
             return StepOutput({"ce": F.cross_entropy(upcast(zs), batch.y)}, zs)
-        zt = state["teacher"](batch.x)
-        state["forwards"] += batch.size
+        outputs = state["outputs"]
+        zt = outputs(batch).logits
+        if outputs.cached:
+            state["saved"] += batch.size
         if stage.kind == "prokd":
             return StepOutput({"prokd": squared_error(zs, zt / stage.temperature, reduction)}, zs)
         if stage.kind == "anneal":
@@ -241,10 +256,15 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         trainer.run_epoch()
     teachers.finish()
     phase1 = sum(1 for s in plan if s.kind != "ce")
+    last = state["outputs"].forwards if state["outputs"] is not None else 0
     cost = {"teacher_epochs_trained": teachers.epochs_trained_here, "teacher_epochs": teachers.total_epochs,
-            "student_epochs": cfg.train.epochs, "teacher_forward_images": state["forwards"]}
+            "student_epochs": cfg.train.epochs, "teacher_forward_images": state["forwards"] + last,
+            "teacher_forwards_saved": state["saved"]}
+    statuses = state["cache"]
+    cache = {"status": "off", "why": state["outputs"].why} if state["outputs"] is not None and \
+        not state["outputs"].cached else {s: statuses.count(s) for s in dict.fromkeys(statuses)}
     # no wall_time_s: the engine fills in the run's own, every session; an online teacher trains inside it
-    result = trainer.finish(cost=cost, plan={"mode": teachers.mode, "phase1_epochs": phase1,
+    result = trainer.finish(cost=cost, teacher_cache=cache, plan={"mode": teachers.mode, "phase1_epochs": phase1,
                                              "phase2_epochs": cfg.train.epochs - phase1,
                                              "stages": [[s.kind, s.teacher_epoch, s.temperature] for s in plan]})
     return RunResult(ctx.run_dir, result.summary, student, result.history)

@@ -1,0 +1,428 @@
+"""Hugging Face encoders (BERT family) for sequence classification / regression and extractive QA.
+
+``hf_text`` builds either a pretrained model (``path``: a folder, a bundled name such as ``minilm-l6``, or a
+Hub name already in the local cache; nothing is downloaded) or a randomly initialised BERT from a ``preset``
+or explicit sizes, optionally initialised from a teacher's layers (``init_from``). The returned
+:class:`HFTextModel` takes token inputs as a mapping (``model(x)``) or as keywords (``model(**x)``), picks
+its own tokenisation (``inputs``: the student's keys, or the ``teacher.``-prefixed ones) and returns a
+plain logits tensor; :meth:`HFTextModel.request_outputs` makes it return a dict with ``hidden_states``,
+``attentions`` and ``pooled`` as well, for losses that ask for them.
+
+``transformers`` is imported inside functions only (the models package imports every module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from teachkit.errors import ConfigError
+from teachkit.models.taps import TapSpec
+from teachkit.models.zoo import MODELS, fraction, input_shape_of, positive_int
+from teachkit.options import short_repr
+from teachkit.registry import closest
+
+__all__ = ["HEADS", "OUTPUT_NAMES", "PRESETS", "HFTextModel", "hf_text"]
+
+#: name: (layers, hidden, heads, intermediate)
+PRESETS: dict[str, tuple[int, int, int, int]] = {
+    "bert-tiny": (2, 128, 2, 512),
+    "bert-mini": (4, 256, 4, 1024),
+    "bert-small": (4, 512, 8, 2048),
+    "bert-medium": (8, 512, 8, 2048),
+    "distil-6": (6, 768, 12, 3072),
+    "minilm-l6-shape": (6, 384, 12, 1536),
+}
+HEADS = ("sequence", "qa")
+INPUTS = ("student", "teacher")
+ATTENTIONS = ("sdpa", "eager")
+#: the structured outputs :meth:`HFTextModel.request_outputs` can add to the logits
+OUTPUT_NAMES = ("hidden_states", "attentions", "pooled")
+#: the inputs passed on to the Hugging Face model (token_type_ids only when its config has several types)
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+TEACHER_PREFIX = "teacher."
+MAX_POSITIONS = 512
+#: attention implementation returning the softmax probabilities *before* attention dropout (see below)
+PROBS_ATTENTION = "teachkit_probs"
+#: model types whose attention is plain scaled dot-product (no relative bias, softcap, sinks): the
+#: ``teachkit_probs`` implementation computes exactly their eager attention
+_PLAIN_ATTENTION = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
+_DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "dropout",
+                 "attention_dropout", "seq_classif_dropout", "qa_dropout")
+
+
+def _probs_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                     scaling: float | None = None, dropout: float = 0.0, **_: Any) -> tuple[Tensor, Tensor]:
+    """Eager scaled dot-product attention returning the attention *probabilities* (rows sum to 1) even in
+    training, where Hugging Face's eager attention returns them after dropout. query (B, H, Lq, D),
+    key/value (B, Hkv, Lk, D); returns the output (B, Lq, H, D) and the probabilities (B, H, Lq, Lk)."""
+    if key.shape[1] != query.shape[1]:  # grouped-query attention
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * (query.size(-1) ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    dropped = nn.functional.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(dropped, value).transpose(1, 2).contiguous(), probs
+
+
+def _register_probs_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    if PROBS_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(PROBS_ATTENTION, _probs_attention)
+    if PROBS_ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(PROBS_ATTENTION, eager_mask)
+
+
+def _select_inputs(x: Mapping[str, Any], which: str) -> dict[str, Any]:
+    """The unprefixed inputs (``student``), or the ``teacher.``-prefixed ones without their prefix
+    (``teacher``; the unprefixed ones when there are none)."""
+    if which == "teacher":
+        prefixed = {k[len(TEACHER_PREFIX):]: v for k, v in x.items() if k.startswith(TEACHER_PREFIX)}
+        if prefixed:
+            return prefixed
+    return {k: v for k, v in x.items() if not k.startswith(TEACHER_PREFIX)}
+
+
+class HFTextModel(nn.Module):
+    """A Hugging Face encoder (``self.hf``) with a sequence or QA head, called on token inputs.
+
+    ``model(x)`` (``x`` a mapping such as :class:`teachkit.data.text.TokenFeatures`, or an ``input_ids``
+    tensor) and ``model(**x)`` are the same. Inputs: ``inputs="student"`` reads the unprefixed keys,
+    ``"teacher"`` the ``teacher.``-prefixed ones (prefix stripped; the unprefixed ones when none are
+    there). Only ``input_ids``, ``attention_mask`` and (when the config has ``type_vocab_size > 1``)
+    ``token_type_ids`` reach the model.
+
+    Output: the logits tensor, (B, C) for ``head="sequence"`` ((B, 1) for regression), (B, L, 2) for
+    ``head="qa"`` (``[..., 0]`` start, ``[..., 1]`` end logits; dim 1 is the token position). While
+    :meth:`request_outputs` holds names, a dict ``{"logits": ..., <name>: ...}`` with, as requested:
+
+    - ``hidden_states``: tuple of (B, L, H), the embeddings output then every layer's output;
+    - ``attentions``: tuple of (B, heads, L, L) attention probabilities per layer (each row sums to 1,
+      also in training: taken before attention dropout for the BERT family, see ``_PLAIN_ATTENTION``;
+      other model types use Hugging Face's eager attention, whose weights are after dropout in training);
+    - ``pooled``: (B, H), the classifier's pooled input before dropout: the BERT pooler's output
+      (tanh(W h_CLS)) for sequence heads of models with a pooler, else the last layer's [CLS] hidden
+      state (QA heads, models without a pooler).
+    """
+
+    def __init__(self, hf: nn.Module, head: str, inputs: str = "student", attention: str = "sdpa") -> None:
+        super().__init__()
+        self.hf = hf
+        self.head = head
+        self.inputs = inputs
+        self.attention = attention
+        self._requested: frozenset[str] = frozenset()
+        config = hf.config
+        self._model_inputs = tuple(k for k in MODEL_INPUTS
+                                   if k != "token_type_ids" or getattr(config, "type_vocab_size", 0) > 1)
+        base = getattr(hf, "base_model", hf)
+        self._has_pooler = head == "sequence" and isinstance(getattr(base, "pooler", None), nn.Module)
+        self.input_kind = "tokens"
+        self.tokenizer_name: str | None = None
+        self.tap_spec = TapSpec(embedding=self._classifier_path())
+
+    def _classifier_path(self) -> str | None:
+        """The Linear mapping the pooled feature to the logits (``hf.classifier`` for BERT-type sequence
+        heads; RoBERTa-type heads end in ``classifier.out_proj``); None for QA heads."""
+        if self.head != "sequence":
+            return None
+        clf = getattr(self.hf, "classifier", None)
+        if isinstance(clf, nn.Linear):
+            return "hf.classifier"
+        if isinstance(getattr(clf, "out_proj", None), nn.Linear):
+            return "hf.classifier.out_proj"
+        return None
+
+    # -- structured outputs ---------------------------------------------------------------------------------
+    def request_outputs(self, names: Iterable[str]) -> None:
+        """Return ``{"logits", *names}`` from now on (an empty set: the logits tensor again). Names other
+        than :data:`OUTPUT_NAMES` are ignored (a tap reading them then reports the fields there are)."""
+        names = frozenset([names] if isinstance(names, str) else names)
+        self._requested = names
+        self._set_attention(PROBS_ATTENTION if "attentions" in names else self.attention)
+
+    @property
+    def requested_outputs(self) -> frozenset[str]:
+        return self._requested
+
+    def _set_attention(self, impl: str) -> None:
+        config = self.hf.config
+        if impl == PROBS_ATTENTION:
+            if getattr(config, "model_type", None) in _PLAIN_ATTENTION:
+                _register_probs_attention()
+            else:
+                impl = "eager"
+        if getattr(config, "_attn_implementation", None) != impl:
+            self.hf.set_attn_implementation(impl)
+
+    # -- forward --------------------------------------------------------------------------------------------
+    def forward(self, inputs: Mapping[str, Tensor] | Tensor | None = None, **named: Tensor) -> Any:
+        given: dict[str, Any] = {}
+        if isinstance(inputs, Tensor):
+            given["input_ids"] = inputs
+        elif isinstance(inputs, Mapping):
+            given.update({k: inputs[k] for k in inputs})
+        elif inputs is not None:
+            raise TypeError(f"{type(self).__name__} takes a mapping of token tensors or input_ids; "
+                            f"got {type(inputs).__name__}")
+        given.update(named)
+        x = _select_inputs(given, self.inputs)
+        if "input_ids" not in x:
+            raise ConfigError(f"text model input has no input_ids (keys: {', '.join(map(str, given)) or 'none'})")
+        args = {k: x[k] for k in self._model_inputs if k in x}
+        want = self._requested & set(OUTPUT_NAMES)
+        if not self._requested:
+            return self._logits(self.hf(**args))
+        pooled: list[Tensor] = []
+        handle = None
+        if "pooled" in want and self._has_pooler:
+            pooler = self.hf.base_model.pooler
+            handle = pooler.register_forward_hook(lambda _m, _a, out: pooled.append(out))
+        need_hidden = "hidden_states" in want or ("pooled" in want and not self._has_pooler)
+        try:
+            out = self.hf(**args, output_hidden_states=need_hidden, output_attentions="attentions" in want)
+        finally:
+            if handle is not None:
+                handle.remove()
+        result: dict[str, Any] = {"logits": self._logits(out)}
+        if "hidden_states" in want:
+            result["hidden_states"] = tuple(out.hidden_states)
+        if "attentions" in want:
+            if out.attentions is None or any(a is None for a in out.attentions):
+                raise RuntimeError(f"{type(self.hf).__name__} returned no attention probabilities with "
+                                   f"attention implementation {self.hf.config._attn_implementation!r}")
+            result["attentions"] = tuple(out.attentions)
+        if "pooled" in want:
+            result["pooled"] = pooled[-1] if pooled else out.hidden_states[-1][:, 0]
+        return result
+
+    def _logits(self, out: Any) -> Tensor:
+        if self.head == "qa":
+            return torch.stack([out.start_logits, out.end_logits], dim=-1)
+        return out.logits
+
+
+# -- the builder ------------------------------------------------------------------------------------------------
+def _choice(option: str, value: Any, allowed: Iterable[str]) -> str:
+    allowed = list(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise ConfigError(f"model 'hf_text' option {option!r}={short_repr(value)} is not allowed"
+                          f"{closest(str(value), allowed)}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _import_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("model 'hf_text' needs transformers: pip install 'teachkit[text]'") from None
+    transformers.utils.logging.set_verbosity_error()  # "newly initialized" notices: the heads are new
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
+
+def _one_line(e: BaseException) -> str:
+    return str(e).splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+def _set_dropout(config: Any, dropout: float | None) -> None:
+    if dropout is None:
+        return
+    for key in _DROPOUT_KEYS:
+        if hasattr(config, key):
+            setattr(config, key, dropout)
+
+
+def _on_meta() -> bool:
+    return torch.get_default_device().type == "meta"
+
+
+def _sizes(preset: str | None, layers: Any, hidden: Any, heads: Any, intermediate: Any) -> tuple[int, int, int, int]:
+    """(layers, hidden, heads, intermediate) of a preset with overrides, or of explicit sizes."""
+    if preset is not None:
+        preset = _choice("preset", preset, PRESETS)
+        base = PRESETS[preset]
+    elif layers is None or hidden is None:
+        raise ConfigError("model 'hf_text' needs one of option 'path' (a pretrained model) or 'preset' "
+                          f"({', '.join(PRESETS)}) or both 'layers' and 'hidden' (random init)")
+    else:
+        h = positive_int("hf_text", "hidden", hidden)
+        base = (0, h, max(1, h // 64), 4 * h)
+    values = []
+    for name, value, default in zip(("layers", "hidden", "heads", "intermediate"),
+                                    (layers, hidden, heads, intermediate), base, strict=True):
+        values.append(default if value is None else positive_int("hf_text", name, value))
+    n_layers, n_hidden, n_heads, n_inter = values
+    if n_hidden % n_heads:
+        raise ConfigError(f"model 'hf_text' option 'heads'={n_heads} must divide 'hidden'={n_hidden}; allowed heads: "
+                          f"{', '.join(str(d) for d in range(1, n_hidden + 1) if n_hidden % d == 0 and d <= 64)}")
+    return n_layers, n_hidden, n_heads, n_inter
+
+
+@MODELS.register("hf_text", "Hugging Face BERT-family encoder for sequence classification/regression or extractive "
+                            "QA: pretrained (path) or random init (preset, sizes, init_from a teacher's layers)")
+def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = None, preset: str | None = None,
+            head: str = "sequence", layers: int | None = None, hidden: int | None = None, heads: int | None = None,
+            intermediate: int | None = None, tokenizer: str = "minilm-l6", init_from: str | None = None,
+            init_every: int | None = None, inputs: str = "student", dropout: float | None = None,
+            attention: str = "sdpa") -> nn.Module:
+    """A Hugging Face encoder with a ``head`` (``sequence``: ``num_classes`` logits, 1 = regression;
+    ``qa``: start/end logits per token, (B, L, 2); ``num_classes`` is not used).
+
+    - ``path``: a pretrained model (folder, bundled name such as ``minilm-l6``, or a Hub name in the local
+      cache), loaded offline; the head is new (drawn from torch's global RNG). Its tokenizer is ``path``.
+    - else a random BERT: ``preset`` (:data:`PRESETS`) with ``layers`` / ``hidden`` / ``heads`` /
+      ``intermediate`` overriding it, or ``layers`` and ``hidden`` alone (heads = hidden // 64,
+      intermediate = 4 * hidden); vocabulary and pad id from ``tokenizer``; 512 positions.
+    - ``init_from`` (random init only): a pretrained BERT (e.g. the teacher) whose embeddings, pooler and
+      encoder layers ``0, k, 2k, ...`` (student layer ``i`` <- teacher layer ``i * k``, ``k = init_every``,
+      default ``teacher_layers // student_layers``) are copied; hidden size, vocabulary, heads and
+      intermediate size must match.
+    - ``inputs``: ``student`` or ``teacher`` (read the ``teacher.``-prefixed tokenisation);
+      ``dropout``: every dropout probability of the config; ``attention``: ``sdpa`` or ``eager``.
+    """
+    dims = input_shape_of(input_shape, "hf_text")
+    head = _choice("head", head, HEADS)
+    inputs = _choice("inputs", inputs, INPUTS)
+    attention = _choice("attention", attention, ATTENTIONS)
+    drop = None if dropout is None else fraction("hf_text", "dropout", dropout)
+    sizes = {"preset": preset, "layers": layers, "hidden": hidden, "heads": heads, "intermediate": intermediate}
+    if path is not None:
+        given = [k for k, v in sizes.items() if v is not None]
+        if given:
+            raise ConfigError(f"model 'hf_text' options 'path' and {given[0]!r} exclude each other: 'path' loads a "
+                              f"pretrained model, {given[0]!r} sizes a random one")
+        for key, value in (("init_from", init_from), ("init_every", init_every)):
+            if value is not None:
+                raise ConfigError(f"model 'hf_text' option {key!r} applies to random init only (preset or sizes), "
+                                  "not with 'path'")
+    elif init_every is not None and init_from is None:
+        raise ConfigError("model 'hf_text' option 'init_every' needs option 'init_from'")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(f"model 'hf_text' option 'path' must be a folder or model name; got {short_repr(path)}")
+    transformers = _import_transformers()
+    copied: list[int] | None = None
+    num_labels = 2 if head == "qa" else num_classes
+    auto = (transformers.AutoModelForQuestionAnswering if head == "qa"
+            else transformers.AutoModelForSequenceClassification)
+    if path is not None:
+        from teachkit.data.text import resolve_pretrained
+
+        folder = resolve_pretrained(path, "model 'hf_text' option 'path'")
+        try:
+            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, num_labels=num_labels)
+        except Exception as e:  # noqa: BLE001 - a broken folder is one line
+            raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot read a config in {folder!r} "
+                              f"({_one_line(e)})") from None
+        _set_dropout(config, drop)
+        config._attn_implementation = attention
+        try:
+            if _on_meta():  # the option check builds on the meta device: same architecture, no weights
+                hf = auto.from_config(config, attn_implementation=attention)
+            else:
+                hf = auto.from_pretrained(folder, config=config, local_files_only=True,
+                                          attn_implementation=attention)
+        except Exception as e:  # noqa: BLE001 - an unsupported architecture or broken weights are one line
+            raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot load a {head} model from {folder!r} "
+                              f"({_one_line(e)})") from None
+        tokenizer_name = path
+    else:
+        n_layers, n_hidden, n_heads, n_inter = _sizes(preset, layers, hidden, heads, intermediate)
+        if not isinstance(tokenizer, str):
+            raise ConfigError(f"model 'hf_text' option 'tokenizer' must be a tokenizer name or folder; "
+                              f"got {short_repr(tokenizer)}")
+        from teachkit.data.text import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        config = transformers.BertConfig(
+            vocab_size=len(tok), hidden_size=n_hidden, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+            intermediate_size=n_inter, max_position_embeddings=MAX_POSITIONS, type_vocab_size=2,
+            pad_token_id=pad, num_labels=num_labels)
+        _set_dropout(config, drop)
+        teacher = _load_teacher(transformers, init_from, config) if init_from is not None else None
+        hf = auto.from_config(config, attn_implementation=attention)
+        if teacher is not None:
+            k = _init_every(init_every, teacher.config.num_hidden_layers, n_layers)
+            copied = [i * k for i in range(n_layers)] if _on_meta() else copy_teacher_layers(hf, teacher, k)
+        tokenizer_name = tokenizer
+    max_pos = getattr(hf.config, "max_position_embeddings", None)
+    if len(dims) == 1 and isinstance(max_pos, int) and dims[0] > max_pos:
+        raise ConfigError(f"model 'hf_text' takes sequences of at most {max_pos} tokens; the data has {dims[0]} "
+                          "(lower the dataset's max_length)")
+    model = HFTextModel(hf, head, inputs, attention)
+    model.tokenizer_name = tokenizer_name
+    #: the teacher layer each student layer was copied from (init_from), else None
+    model.init_from_layers = copied
+    return model
+
+
+def _load_teacher(transformers: Any, init_from: Any, config: Any) -> Any:
+    """The base model (weights, or on the meta device only its config) named by ``init_from``, checked
+    against the student ``config``: same model type (bert), hidden size, vocabulary, heads, ffn size."""
+    from teachkit.data.text import resolve_pretrained
+
+    if not isinstance(init_from, str):
+        raise ConfigError(f"model 'hf_text' option 'init_from' must be a folder or model name; "
+                          f"got {short_repr(init_from)}")
+    folder = resolve_pretrained(init_from, "model 'hf_text' option 'init_from'")
+    try:
+        tconf = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"model 'hf_text' option 'init_from'={init_from!r}: cannot read a config in {folder!r} "
+                          f"({_one_line(e)})") from None
+    if tconf.model_type != "bert":
+        raise ConfigError(f"model 'hf_text' option 'init_from'={init_from!r} is a {tconf.model_type!r} model; "
+                          "layers can be copied from a 'bert' model only")
+    for what, key in (("hidden size", "hidden_size"), ("vocabulary size", "vocab_size"),
+                      ("attention heads", "num_attention_heads"), ("intermediate size", "intermediate_size"),
+                      ("positions", "max_position_embeddings"), ("token types", "type_vocab_size")):
+        t, s = getattr(tconf, key), getattr(config, key)
+        if t != s:
+            raise ConfigError(f"model 'hf_text' option 'init_from'={init_from!r}: the teacher's {what} is {t}, the "
+                              f"student's {s}; they must match to copy layers")
+    if _on_meta():
+        return transformers.AutoModel.from_config(tconf)
+    try:
+        return transformers.AutoModel.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"model 'hf_text' option 'init_from'={init_from!r}: cannot load weights from {folder!r} "
+                          f"({_one_line(e)})") from None
+
+
+def _init_every(init_every: Any, teacher_layers: int, student_layers: int) -> int:
+    if init_every is None:
+        k = teacher_layers // student_layers
+        if k < 1:
+            raise ConfigError(f"model 'hf_text' option 'init_from': the teacher has {teacher_layers} layers, fewer "
+                              f"than the student's {student_layers}")
+        return k
+    k = positive_int("hf_text", "init_every", init_every)
+    if (student_layers - 1) * k >= teacher_layers:
+        raise ConfigError(f"model 'hf_text' option 'init_every'={k}: student layer {student_layers - 1} would copy "
+                          f"teacher layer {(student_layers - 1) * k}, but the teacher has {teacher_layers} layers; "
+                          f"allowed: 1..{max(1, (teacher_layers - 1) // max(1, student_layers - 1))}")
+    return k
+
+
+@torch.no_grad()
+def copy_teacher_layers(student: nn.Module, teacher: nn.Module, every: int) -> list[int]:
+    """Copy ``teacher``'s embeddings, its pooler (when both have one) and encoder layer ``i * every`` into
+    ``student``'s layer ``i`` (BERT-type base models); returns the teacher layers copied, in student order."""
+    s_base, t_base = student.base_model, getattr(teacher, "base_model", teacher)
+    s_base.embeddings.load_state_dict(t_base.embeddings.state_dict())
+    copied = []
+    for i, layer in enumerate(s_base.encoder.layer):
+        layer.load_state_dict(t_base.encoder.layer[i * every].state_dict())
+        copied.append(i * every)
+    s_pool, t_pool = getattr(s_base, "pooler", None), getattr(t_base, "pooler", None)
+    if isinstance(s_pool, nn.Module) and isinstance(t_pool, nn.Module):
+        s_pool.load_state_dict(t_pool.state_dict())
+    return copied
