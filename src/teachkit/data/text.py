@@ -281,10 +281,26 @@ def cached_table(key: str, cache_dir: str | None, build: Callable[[], dict[str, 
 
 
 def column(ds: Any, name: str, dtype: Any = np.int32) -> Tensor:
-    """A fixed-width column of an Arrow table as a CPU tensor (one copy, no Python objects per row)."""
-    table = ds.with_format("numpy")
-    values = np.asarray(table[name], dtype=dtype)
-    return torch.from_numpy(np.ascontiguousarray(values))
+    """A fixed-width column of an Arrow table as a CPU tensor (N, width): read straight from its Arrow buffers
+    (one copy, no Python object per row; nested lists are flattened, so reshape (N, L, 2) columns yourself)."""
+    if getattr(ds, "_indices", None) is not None:  # a selection of rows: the (slower) generic formatter
+        return torch.from_numpy(np.ascontiguousarray(np.asarray(ds.with_format("numpy")[name], dtype=dtype)))
+    import pyarrow as pa
+
+    chunked = ds.data.column(name)
+    arr = chunked.combine_chunks() if chunked.num_chunks != 1 else chunked.chunk(0)
+    rows = len(arr)
+    values = arr
+    while pa.types.is_list(values.type) or pa.types.is_large_list(values.type) or \
+            pa.types.is_fixed_size_list(values.type):
+        values = values.flatten()
+    flat = values.to_numpy(zero_copy_only=False)
+    if values is arr:  # a scalar column: (N,)
+        return torch.from_numpy(np.array(flat, dtype=dtype))
+    if rows and flat.size % rows:
+        raise DataError(f"the tokenisation cache column {name!r} has rows of different lengths; delete the cache "
+                        "folder (data.options.cache_dir or TEACHKIT_CACHE) to rebuild it")
+    return torch.from_numpy(np.array(flat.reshape(rows, -1) if rows else flat.reshape(0, 0), dtype=dtype))
 
 
 def encode_pairs(tokenizer: Any, first: Sequence[str], second: Sequence[str] | None, max_length: int,
