@@ -90,6 +90,9 @@ class LoopConfig(Options):
     #: gradient accumulation: each batch runs in chunks of at most this many samples, chunk losses weighted by
     #: their share of the batch's samples (the real count, so a short last chunk weighs less); None = whole
     micro_batch: int | None = option(None, ge=1)
+    #: CPU: denormal floats read as zero during this run's epochs (pretrained Transformers fine-tune up to 4x
+    #: faster on CPU, where denormals take a slow path; values below ~1e-38 become 0)
+    flush_denormal: bool = False
 
 
 @dataclass
@@ -365,8 +368,15 @@ class Trainer:
         self.epoch_info = {}
         for cb in self.callbacks:
             cb.on_epoch_start(self, epoch)
-        with self.rng:
-            record = self._train_epoch(epoch)
+        flush = self.loop.flush_denormal and self.device.type == "cpu"
+        if flush:
+            torch.set_flush_denormal(True)
+        try:
+            with self.rng:
+                record = self._train_epoch(epoch)
+        finally:
+            if flush:
+                torch.set_flush_denormal(False)
         self.epoch = epoch + 1
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
