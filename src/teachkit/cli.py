@@ -58,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "all"],
                     default="all")
     _add_plugin_arg(ls)
-    demo = sub.add_parser("demo", help="CE vs MSE teacher, KD vs no-KD students, several seeds (offline)")
-    demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k")
+    demo = sub.add_parser("demo", help="images: CE vs MSE teacher, KD vs no KD; text: no KD vs KD vs Pro-KD on "
+                                       "tweets with a MiniLM teacher; several paired seeds (offline)")
+    demo.add_argument("--task", choices=["images", "text"], default="images",
+                      help="images (default) or text (MiniLM-L6 teacher on the tweet corpus, ~10 min on 2 cores)")
+    demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k",
+                      help="dataset of the image demo")
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
     demo.add_argument("--out", default="runs/demo", help="folder for the demo's runs and results")
     demo.add_argument("--quick", action="store_true", help="a smaller, faster setting (for smoke tests)")
@@ -262,6 +266,12 @@ def _demo(args: argparse.Namespace) -> int:
     check_folder(args.out, "demo --out")
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"demo --seeds {args.seeds} is out of range: must be >= 1")
+    if args.task == "text":
+        from teachkit.experiments.text_study import TextSetting, run_text_study
+
+        setting = TextSetting().quick() if args.quick else TextSetting()
+        run_text_study(setting, args.out, seeds=args.seeds)
+        return 0
     run_demo(args.data, seeds=args.seeds, out=args.out, quick=args.quick)
     return 0
 
