@@ -45,10 +45,13 @@ def resumable(cfg: RunConfig, section: str) -> frozenset[str]:
 
 
 def check_run_name(name: str) -> None:
-    """A run name is one folder name inside ``out_dir``: not empty, ``.`` or ``..``, without ``/`` or ``\\``."""
-    if not isinstance(name, str) or name.strip() in ("", ".", "..") or any(c in name for c in "/\\\0"):
-        raise ConfigError(f"name={name!r} is not allowed: a run name is one folder name inside out_dir (not "
-                          f"empty, '.' or '..', without '/' or '\\')")
+    """A run name is a relative folder path inside ``out_dir`` (``prokd/cifar100/kd`` nests folders): no empty,
+    ``.`` or ``..`` part, not absolute, without ``\\``."""
+    parts = name.split("/") if isinstance(name, str) else []
+    if not isinstance(name, str) or "\\" in name or "\0" in name or not parts or \
+            any(p.strip() in ("", ".", "..") for p in parts):
+        raise ConfigError(f"name={name!r} is not allowed: a run name is a folder path inside out_dir (parts "
+                          f"separated by '/', none empty, '.' or '..'; not absolute; no '\\')")
 
 
 def check_writable(run_dir: Path) -> None:
