@@ -43,7 +43,7 @@ INTERVAL_COVERS = ("student seeds only (classifier-head initialisation, dropout 
 class TextSetting:
     """Data, models and budgets of the text study (sized for 2 CPU cores)."""
 
-    tweets: int = 2000
+    tweets: int = 1600
     max_length: int = 48
     teacher_epochs: int = 2
     student_epochs: int = 3
@@ -56,7 +56,7 @@ class TextSetting:
     options: dict[str, Any] = field(default_factory=dict)
 
     def quick(self) -> TextSetting:
-        return replace(self, tweets=300, teacher_epochs=1, student_epochs=2, seeds=2)
+        return replace(self, tweets=150, max_length=32, teacher_epochs=1, student_epochs=2, seeds=2)
 
 
 def base_config(s: TextSetting, out_dir: Path) -> RunConfig:

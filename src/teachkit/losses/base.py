@@ -40,7 +40,8 @@ class DistillLoss(nn.Module):
     - ``term_names``: the keys :meth:`forward` may return;
     - ``default_weight``: the paper's gamma in ``L = CE + gamma * L_distill``;
     - ``replaces_ce``: True when the method computes its own label loss (the objective adds no CE);
-    - ``token_level``: True when it compares per-token tensors, so teacher and student must share a tokenizer.
+    - ``token_level``: True when it compares per-token tensors, so teacher and student must share a tokenizer;
+    - ``regression_ok``: True when it reads no class probabilities (it distils real-valued outputs too).
 
     ``__init__(student, teacher, options=None, *, num_classes, num_samples)``: ``student``/``teacher`` are
     probed :class:`Taps` (batch of 2, eval mode, no grad); ``options`` the method's typed options (its
@@ -60,6 +61,8 @@ class DistillLoss(nn.Module):
     replaces_ce: ClassVar[bool] = False
     #: compares token-level tensors (hidden states, attention maps): teacher and student need one tokenizer
     token_level: ClassVar[bool] = False
+    #: reads no class probabilities, so it also distils real-valued outputs (regression tasks such as STS-B)
+    regression_ok: ClassVar[bool] = False
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
                  num_samples: int = 0) -> None:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from teachkit.errors import ConfigError
 from teachkit.losses.base import DistillLoss
+from teachkit.losses.label_losses import squared_error
 from teachkit.losses.registry import LOSSES
 from teachkit.options import Options, from_mapping, option
 from teachkit.types import Batch, Progress, Taps, TrainingStage, upcast
@@ -134,7 +135,10 @@ class DistillObjective(nn.Module):
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         terms: dict[str, Tensor] = {}
         if self.ce_weight > 0 and not any(m.replaces_ce for m in self.methods.values()):
-            terms["ce"] = self.ce_weight * F.cross_entropy(upcast(student.logits), batch.y)
+            if isinstance(batch.y, Tensor) and batch.y.is_floating_point():  # real-valued targets (STS-B)
+                terms["l2"] = self.ce_weight * squared_error(student.logits, batch.y)
+            else:
+                terms["ce"] = self.ce_weight * F.cross_entropy(upcast(student.logits), batch.y)
         for name, method in self.methods.items():
             weight = self.weights[name]
             if weight == 0:

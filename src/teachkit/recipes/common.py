@@ -15,6 +15,7 @@ from torch import nn
 
 from teachkit.config import RunConfig, from_dict, to_dict, with_changes
 from teachkit.data import DataConfig, Splits, splits_for
+from teachkit.data.raw import is_tokens
 from teachkit.engine import load_checkpoint, resolve_device
 from teachkit.engine.checkpoint import describe_mismatch, strip
 from teachkit.engine.runlog import RunLog
@@ -200,6 +201,6 @@ def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | N
     if classes != splits.num_classes:
         raise ConfigError(f"{who} has {classes} classes but dataset {splits.name!r}{student} has "
                           f"{splits.num_classes}{where}")
-    if shape != tuple(splits.input_shape):
+    if shape != tuple(splits.input_shape) and not is_tokens(splits.train.x):  # text models take any length
         raise ConfigError(f"{who} takes inputs of shape {shape} but dataset {splits.name!r} has "
                           f"{tuple(splits.input_shape)}{where}")

@@ -20,7 +20,8 @@ from teachkit.config import RunConfig
 from teachkit.data import Splits, make_augment
 from teachkit.engine import Callback, OptimConfig, Trainer, load_checkpoint
 from teachkit.engine.checkpoint import strip, write_json
-from teachkit.losses import DistillLoss, DistillObjective, build_objective, needs_of
+from teachkit.errors import ConfigError
+from teachkit.losses import LOSSES, DistillLoss, DistillObjective, build_objective, needs_of
 from teachkit.models import Tapped
 from teachkit.options import from_mapping
 from teachkit.recipes.common import RunResult, folder_wall_time
@@ -79,6 +80,20 @@ def build_distill_objective(ctx: RunContext, student: nn.Module,
     return objective.to(ctx.device), s_tap, t_tap
 
 
+def check_tokenizers(ctx: RunContext) -> None:
+    """Methods comparing token-level tensors (hidden states, attention maps) need one tokenizer for teacher and
+    student: a one-line ConfigError when the data carries the teacher's own tokenisation."""
+    options = ctx.cfg.data.options or {}
+    if not options.get("teacher_tokenizer"):
+        return
+    token_level = [m for m in ctx.cfg.kd.methods if LOSSES.get(m).token_level]
+    if token_level:
+        raise ConfigError(f"kd.method={token_level[0]} compares token-level tensors, so teacher and student need one "
+                          f"tokenizer, but data.options.teacher_tokenizer={options['teacher_tokenizer']!r} differs "
+                          f"from data.options.tokenizer={options.get('tokenizer')!r}; use a logit method (kd, dkd, "
+                          "...) or one tokenizer")
+
+
 def cached_teacher(ctx: RunContext, t_tap: Tapped, objective: DistillObjective) -> TeacherOutputs:
     """The frozen teacher's outputs for the student's batches: cached once when ``teacher.cache`` and the run
     allow it (:mod:`teachkit.recipes.teacher_cache`), else computed per batch."""
@@ -125,7 +140,8 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
             run_dir: Path | None = None) -> RunResult:
     """Distil ``cfg.model`` from the teacher with loss ``kd.method``; the teacher is never updated."""
     ctx = RunContext.open(cfg, resume, splits, run_dir)
-    source = TeacherSource(ctx)
+    check_tokenizers(ctx)
+    source = TeacherSource(ctx, regression_ok=all(LOSSES.get(m).regression_ok for m in cfg.kd.methods))
     teacher, teacher_state = source.frozen()
     ctx.seed()
     student = ctx.model()

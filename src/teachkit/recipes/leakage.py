@@ -6,7 +6,8 @@ The student's val and test splits are carved from the dataset (``name``, ``root`
 different may have trained on the student's val/test images (a teacher with another ``split_seed`` had
 seen 721 of a student's 1,000 test images and 368 of its 500 validation images).
 ``train_subset``, ``subset_seed``, ``omit_classes`` and ``few_shot`` only shrink the training pool after val
-and test are carved, and batching/augmentation move nothing, so those may differ; every other data setting
+and test are carved, and batching/augmentation and a text source's tokenisation options (tokenizer, lengths,
+stride) move nothing, so those may differ; every other data setting
 (including ones added later) must match. A teacher that was itself distilled from an overlapping teacher
 (its checkpoint records ``teacher_overlap_allowed``) passes the overlap on.
 
@@ -30,9 +31,18 @@ POOL_ONLY = frozenset({"train_subset", "subset_seed", "omit_classes", "few_shot"
 OVERLAP_KEY = "teacher_overlap_allowed"
 
 
+#: text source options that change how examples are tokenised, never which examples are in val/test (those are
+#: carved from the examples themselves, by label or by question id)
+TOKENISATION_OPTIONS = frozenset({"tokenizer", "teacher_tokenizer", "max_length", "doc_stride", "max_query_length",
+                                  "cache_dir"})
+
+
 def _same(key: str, a: Any, b: Any) -> bool:
     if key == "root" and isinstance(a, str) and isinstance(b, str):
         return os.path.abspath(os.path.expanduser(a)) == os.path.abspath(os.path.expanduser(b))
+    if key == "options" and isinstance(a, Mapping) and isinstance(b, Mapping):
+        return ({k: v for k, v in a.items() if k not in TOKENISATION_OPTIONS}
+                == {k: v for k, v in b.items() if k not in TOKENISATION_OPTIONS})
     return a == b
 
 

@@ -36,9 +36,11 @@ from torch import Tensor
 
 from teachkit.config import RunConfig
 from teachkit.data import Splits, make_augment
+from teachkit.data.raw import is_regression
 from teachkit.engine import Callback, Trainer
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.losses.kd import kd_kl
+from teachkit.losses.label_losses import squared_error as label_squared_error
 from teachkit.models import Tapped
 from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
@@ -197,7 +199,7 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     """Train the student by ``make_plan``'s per-epoch stages against a :class:`TeacherTrajectory` (mode by
     ``prokd.mode``, one rule for every recipe here)."""
     ctx = RunContext.open(cfg, resume, splits, run_dir)
-    source = TeacherSource(ctx)
+    source = TeacherSource(ctx, regression_ok=recipe in ("prokd", "annealing"))  # output regression
     teachers = source.trajectory(cfg.prokd.mode)
     available = teachers.epochs if teachers.mode == "replay" else None
     plan = make_plan(cfg, teachers.total_epochs, available)
@@ -213,6 +215,7 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     tau_max, reduction, alpha = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha
     state: dict[str, Any] = {"outputs": None, "epoch": None, "forwards": 0, "saved": 0, "cache": []}
     augmented = make_augment(cfg.data.augment, ctx.splits) is not None
+    regression = is_regression(ctx.splits.task)
 
     class FollowTeacher(PlanInfo):
         def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
@@ -234,6 +237,8 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         stage = plan[progress.epoch]
         zs = student(batch.x)
         if stage.kind == "ce":
+            if regression:  # phase II on real-valued targets (STS-B): squared error, as train.loss=l2
+                return StepOutput({"l2": label_squared_error(zs, batch.y)}, zs)
             return StepOutput({"ce": F.cross_entropy(upcast(zs), batch.y)}, zs)
         outputs = state["outputs"]
         zt = outputs(batch).logits

@@ -49,11 +49,15 @@ T = TypeVar("T")
 
 
 def teacher_run_config(cfg: RunConfig, save_every: int = 1) -> RunConfig:
-    """The config of a teacher trained in-command: full train split, its own model/optim/epochs/loss."""
+    """The config of a teacher trained in-command: full train split, its own model/optim/epochs/loss, and on text
+    with ``data.options.teacher_tokenizer`` its own tokenisation."""
     t = cfg.teacher
+    data: dict[str, Any] = {"train_subset": None, "omit_classes": [], "few_shot": 0}
+    options = cfg.data.options or {}
+    if options.get("teacher_tokenizer"):  # text: the teacher trains on its own tokenisation
+        data["options"] = {**options, "tokenizer": options["teacher_tokenizer"], "teacher_tokenizer": None}
     return with_changes(cfg, name=f"{cfg.name}/teacher", model=t.model, optim=t.optim,
-                        train={"epochs": t.epochs, "loss": t.loss, "save_every": save_every},
-                        data={"train_subset": None, "omit_classes": [], "few_shot": 0})
+                        train={"epochs": t.epochs, "loss": t.loss, "save_every": save_every}, data=data)
 
 
 #: the checkpoint state key holding the training split's per-channel statistics ``{"mean": [...], "std": [...]}``
@@ -100,11 +104,11 @@ def trajectory_file_sha(path: Path) -> str | None:
 class TeacherSource:
     """The teacher of the run ``ctx`` (see the module docstring)."""
 
-    def __init__(self, ctx: RunContext) -> None:
-        if is_regression(ctx.splits.task):
-            raise ConfigError(f"distillation needs class scores, but dataset {ctx.splits.name!r} has real-valued "
-                              "targets (task regression); train models on it with teachkit train and "
-                              "train.loss=l2")
+    def __init__(self, ctx: RunContext, regression_ok: bool = False) -> None:
+        if is_regression(ctx.splits.task) and not regression_ok:
+            raise ConfigError(f"this distillation needs class scores, but dataset {ctx.splits.name!r} has real-valued "
+                              f"targets (task {ctx.splits.task}); distil them with kd.method=logit_l2 or teachkit "
+                              "run prokd / annealing (output regression), or train with train.loss=l2")
         self.ctx = ctx
         self.cfg = ctx.cfg.teacher
         self.folder = ctx.run_dir / TEACHER_DIR
@@ -127,8 +131,9 @@ class TeacherSource:
             if say:
                 tqdm.write(f"{self.ctx.cfg.name}: no teacher.checkpoint given: training the teacher first "
                            f"({t.model.name}, {t.epochs} epochs, loss {t.loss}, full training split) -> {self.folder}")
+            own_tokens = bool((self.ctx.cfg.data.options or {}).get("teacher_tokenizer"))  # loads its own splits
             result = train_model(teacher_run_config(self.ctx.cfg, save_every), resume=self.ctx.resume,
-                                 splits=self.ctx.full_splits(), run_dir=self.folder)
+                                 splits=None if own_tokens else self.ctx.full_splits(), run_dir=self.folder)
             if say:
                 tqdm.write(result_line("teacher", self.folder, result.summary))
         return self.folder
