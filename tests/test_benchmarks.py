@@ -47,3 +47,17 @@ def test_mse_teacher_study_quick(tmp_path):
 def test_l2t_benchmarks_quick(tmp_path, script, args):
     out = run(script, *args, "--out", str(tmp_path / "r.md"), cwd=tmp_path)
     assert (tmp_path / "r.md").is_file() and out
+
+
+def test_teacher_cache_benchmark_small(tmp_path):
+    out = run("teacher_cache.py", "--data", "digits", "--epochs", "2", "--teacher-epochs", "1", "--hidden", "16",
+              cwd=tmp_path)
+    assert "ratio cached KD / no KD" in out and "bit-identical: True" in out
+
+
+def test_text_benchmarks_small(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEACHKIT_CACHE", str(tmp_path / "cache"))
+    out = run("text_throughput.py", "--tweets", "120", "--epochs", "2", "--layers", "1", cwd=tmp_path)
+    assert "| KD, cached teacher |" in out
+    out = run("text_study.py", "--quick", "--seeds", "1", "--out", str(tmp_path / "s"), cwd=tmp_path)
+    assert "verdict (paired 95% intervals" in out

@@ -238,3 +238,20 @@ def test_text_demo_runs_offline(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| Pro-KD (replayed trajectory) |" in out and "intervals cover: student seeds only" in out
     assert list((tmp_path / "demo").glob("*/results.png")) and list((tmp_path / "demo").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("recipe, section", [
+    ("takd", {"takd": {"assistant": {"name": "hf_text", "options": {"preset": "bert-tiny", "layers": 1}},
+                       "assistant_epochs": 1}}),
+    ("eskd", {"eskd": {"search": True}}),
+    ("rco", {"rco": {"anchors": 2}, "prokd": {"mode": "replay"}}),
+    ("annealing", {"prokd": {"mode": "replay", "tau_max": 2.0}}),
+    ("ban", {"ban": {"generations": 2}}),
+])
+def test_every_trajectory_recipe_runs_on_text(tmp_path, sst2, recipe, section):
+    root, teacher = sst2
+    epochs = 4 if recipe == "annealing" else 2  # phase I follows the 3 teacher epochs
+    result = RECIPES.get(recipe)(config(tmp_path, root, recipe, teacher={"checkpoint": str(teacher.run_dir)},
+                                        train={"epochs": epochs, "progress": False}, **section))
+    s = summary(result)
+    assert math.isfinite(s["val_acc"]) and 0 <= s["test_acc"] <= 100

@@ -204,6 +204,7 @@ def plot(r: dict, path: Path) -> Path | None:
         ax.plot(epochs, mean, marker="o", color=colors[method], label=LABELS[method])
         ax.fill_between(epochs, lo, hi, color=colors[method], alpha=0.2)
     ax.axhline(r["teacher"]["val_acc"], color="black", linestyle="--", linewidth=1, label="teacher (val)")
+    ax.set_xticks(list(range(1, len(next(iter(r["students"].values()))["val_acc_per_epoch"][0]) + 1)))
     ax.set_xlabel("student epoch")
     ax.set_ylabel("val accuracy %")
     ax.set_title(f"tweets: {r['setting']['student_layers']}-layer students, {r['setting']['seeds']} seeds")
