@@ -255,3 +255,23 @@ def test_every_trajectory_recipe_runs_on_text(tmp_path, sst2, recipe, section):
                                         train={"epochs": epochs, "progress": False}, **section))
     s = summary(result)
     assert math.isfinite(s["val_acc"]) and 0 <= s["test_acc"] <= 100
+
+
+def test_length_grouped_batches_cut_padding_and_stay_reproducible(tmp_path):
+    from teachkit.data import BatchLoader, TensorSplit
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, 40, (300,), generator=g)
+    mask = (torch.arange(40)[None, :] < lengths[:, None]).long()
+    from teachkit.data.text import TokenFeatures
+
+    split = TensorSplit(TokenFeatures({"input_ids": mask * 5, "attention_mask": mask}), torch.zeros(300).long())
+    plain = BatchLoader(split, 10, shuffle=True, seed=3)
+    grouped = BatchLoader(split, 10, shuffle=True, seed=3, lengths=lengths)
+    for epoch in (0, 1):
+        order = grouped.order(epoch)
+        assert sorted(order.tolist()) == list(range(300)) and torch.equal(order, grouped.order(epoch))
+    assert not torch.equal(grouped.order(0), grouped.order(1))
+    width = {name: sum(int(b.x["input_ids"].shape[1]) for b in loader.batches(0))
+             for name, loader in (("plain", plain), ("grouped", grouped))}
+    assert width["grouped"] < 0.8 * width["plain"]  # padded tokens per epoch

@@ -28,6 +28,8 @@ class DataConfig(Options):
     omit_classes: list[int] = option(factory=list)
     few_shot: int = option(0, ge=0)
     augment: Literal["auto", "none", "crop", "flip", "crop_flip"] = "auto"
+    #: text: batches of similar lengths (sorted within seeded groups of 50 batches), so less padding
+    group_by_length: bool = False
     batch_size: int = option(128, ge=1)
     eval_batch_size: int = option(1000, ge=1)
     options: dict[str, Any] = option(factory=dict)

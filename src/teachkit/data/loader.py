@@ -33,7 +33,8 @@ class BatchLoader:
     """
 
     def __init__(self, split: TensorSplit, batch_size: int, shuffle: bool, seed: int,
-                 augment: Augment | None = None, drop_last: bool = False) -> None:
+                 augment: Augment | None = None, drop_last: bool = False,
+                 lengths: torch.Tensor | None = None) -> None:
         if drop_last and len(split) < batch_size:
             raise ConfigError(f"batch_size={batch_size} with drop_last leaves no batch: the split holds "
                               f"{len(split)} samples")
@@ -43,6 +44,8 @@ class BatchLoader:
         self.seed = seed
         self.augment = augment
         self.drop_last = drop_last
+        #: per-sample sequence lengths: length-grouped batching (see :meth:`order`)
+        self.lengths = None if lengths is None else lengths.detach().cpu()
 
     def __len__(self) -> int:
         n = len(self.split)
@@ -53,7 +56,24 @@ class BatchLoader:
         n = len(self.split)
         if not self.shuffle:
             return torch.arange(n)
-        return torch.randperm(n, generator=epoch_generator(self.seed, epoch, "order"))
+        perm = torch.randperm(n, generator=epoch_generator(self.seed, epoch, "order"))
+        if self.lengths is None:
+            return perm
+        return self._grouped(perm, epoch)
+
+    #: samples per length group, in batches (Hugging Face's LengthGroupedSampler uses 50)
+    GROUP_BATCHES = 50
+
+    def _grouped(self, perm: torch.Tensor, epoch: int) -> torch.Tensor:
+        """Length-grouped order: the shuffled samples in groups of ``GROUP_BATCHES`` batches, each group sorted
+        by length (longest first, ties in shuffled order), then the batches in a seeded random order: batches
+        hold similar lengths (less padding) and stay random from epoch to epoch."""
+        size = self.GROUP_BATCHES * self.batch_size
+        groups = [perm[i:i + size] for i in range(0, len(perm), size)]
+        ordered = torch.cat([g[torch.sort(-self.lengths[g], stable=True).indices] for g in groups])
+        batches = list(torch.split(ordered, self.batch_size))
+        shuffle = torch.randperm(len(batches), generator=epoch_generator(self.seed, epoch, "length-groups"))
+        return torch.cat([batches[i] for i in shuffle.tolist()])
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         """The ``len(self)`` batches of ``epoch``, on the split's device."""

@@ -29,7 +29,7 @@ from torch import nn
 
 from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict, with_changes
 from teachkit.data import BatchLoader, Splits, make_augment
-from teachkit.data.raw import is_regression
+from teachkit.data.raw import is_regression, is_tokens
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
 from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
 from teachkit.engine.trainer import select_metric
@@ -165,7 +165,7 @@ def _remove_created(created: list[Path]) -> None:
 
 
 #: ``data`` keys that say how the data is batched, not which data it is: a run keeps its own
-BATCHING_KEYS = ("batch_size", "eval_batch_size", "augment")
+BATCHING_KEYS = ("batch_size", "eval_batch_size", "augment", "group_by_length")
 
 
 def record_data(cfg: RunConfig, splits: Splits) -> RunConfig:
@@ -267,8 +267,16 @@ class RunContext:
     def batches(self, splits: Splits | None = None, batch_size: int | None = None) -> BatchLoader:
         """The training batches: ``data.batch_size``, shuffled and augmented per (``train.seed``, epoch)."""
         splits = splits or self.splits
+        lengths = None
+        if self.cfg.data.group_by_length:
+            mask = splits.train.x["attention_mask"] if is_tokens(splits.train.x) else None
+            if mask is None:
+                raise ConfigError("data.group_by_length=true needs tokenised text (a dataset with sequences and an "
+                                  f"attention mask); dataset {splits.name!r} has none")
+            lengths = mask.sum(dim=1)
         return BatchLoader(splits.train, batch_size or self.cfg.data.batch_size, shuffle=True,
-                           seed=self.cfg.train.seed, augment=make_augment(self.cfg.data.augment, splits))
+                           seed=self.cfg.train.seed, augment=make_augment(self.cfg.data.augment, splits),
+                           lengths=lengths)
 
     def evaluator(self, splits: Splits | None = None) -> Evaluator:
         """The task's evaluator (``splits.task``) on val and test."""
