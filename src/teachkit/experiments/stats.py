@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 # Two-sided 95% Student-t critical values t_{0.975, df} for df = 1..30 (standard tables).
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -39,3 +40,29 @@ def paired_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, floa
         return m, float("nan"), float("nan")
     half = t_critical(len(d) - 1) * s / math.sqrt(len(d))
     return m, m - half, m + half
+
+
+def fmt_mean_std(values: Sequence[float]) -> str:
+    """``mean +- std`` of ``values`` with two decimals (a table cell)."""
+    m, sd = mean_std(values)
+    return f"{m:.2f} +- {sd:.2f}"
+
+
+def fmt_interval(triple: Sequence[float] | None) -> str:
+    """``+d [lo, hi]`` of a paired interval (:func:`paired_interval`); empty for None."""
+    if not triple:
+        return ""
+    m, lo, hi = triple
+    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the file-only Agg backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
-from teachkit.experiments.stats import mean_std, paired_interval
+from teachkit.experiments.stats import fmt_interval, fmt_mean_std, mean_std, paired_interval, pyplot
 from teachkit.recipes import distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
 
@@ -157,14 +157,8 @@ def summarize_runs(runs: list[dict], baseline: list[dict]) -> dict:
     return entry
 
 
-def _fmt(values: list[float]) -> str:
-    m, sd = mean_std(values)
-    return f"{m:.2f} +- {sd:.2f}"
 
 
-def _ci(triple: list[float] | tuple[float, float, float]) -> str:
-    m, lo, hi = triple
-    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
 def row_label(key: str) -> str:
@@ -182,14 +176,14 @@ def render(r: dict) -> str:
              "| test diff vs no KD [95% CI] | MSE - CE teacher [95% CI] | wall s |",
              "|---|---|---|---|---|---|---|"]
     for loss, t in r["teachers"].items():
-        mse_ce = _ci(t["mse_minus_ce"]) if "mse_minus_ce" in t else ""
-        lines.append(f"| teacher ({loss.upper()}) | {_fmt(t['val_acc'])} | {_fmt(t['test_acc'])} | | | {mse_ce} | "
-                     f"{t['wall_time_s']:.1f} |")
+        mse_ce = fmt_interval(t["mse_minus_ce"]) if "mse_minus_ce" in t else ""
+        lines.append(f"| teacher ({loss.upper()}) | {fmt_mean_std(t['val_acc'])} | {fmt_mean_std(t['test_acc'])} "
+                     f"| | | {mse_ce} | {t['wall_time_s']:.1f} |")
     for key, e in r["students"].items():
-        diff = _ci(e["diff_vs_no_kd"]) if "diff_vs_no_kd" in e else ""
-        mse_ce = _ci(e["mse_minus_ce"]) if "mse_minus_ce" in e else ""
-        lines.append(f"| student: {row_label(key)} | {_fmt(e['val_acc'])} | {_fmt(e['test_acc'])} | "
-                     f"{_fmt(e['test_acc_at_best_val'])} | {diff} | {mse_ce} | {e['wall_time_s']:.1f} |")
+        diff = fmt_interval(e["diff_vs_no_kd"]) if "diff_vs_no_kd" in e else ""
+        mse_ce = fmt_interval(e["mse_minus_ce"]) if "mse_minus_ce" in e else ""
+        lines.append(f"| student: {row_label(key)} | {fmt_mean_std(e['val_acc'])} | {fmt_mean_std(e['test_acc'])} | "
+                     f"{fmt_mean_std(e['test_acc_at_best_val'])} | {diff} | {mse_ce} | {e['wall_time_s']:.1f} |")
     lines += ["", "mean +- std over seeds (sample std); intervals are paired 95% t intervals over seeds. What varies "
               f"with the seed (so what the spread and the intervals cover): {r['interval_covers']}. "
               f"Total wall time {r['wall_time_s']:.0f} s."]
@@ -198,12 +192,8 @@ def render(r: dict) -> str:
 
 def plot(r: dict, path: Path) -> Path | None:
     """Student test accuracy per method and teacher (mean +- std, seeds as dots); None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     groups = ["none", *r["methods"]]
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) + 2), 3.6))

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
-from teachkit.experiments.stats import mean_std, paired_interval
+from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval, pyplot
 from teachkit.recipes import RECIPES, distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
 
@@ -153,16 +153,8 @@ def summarize(s: TextSetting, n_seeds: int, teacher: dict, runs: dict[str, list[
             "students": students}
 
 
-def _fmt(values: list[float]) -> str:
-    m, sd = mean_std(values)
-    return f"{m:.2f} +- {sd:.2f}"
 
 
-def _ci(triple: Any) -> str:
-    if not triple:
-        return ""
-    m, lo, hi = triple
-    return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
 def render(r: dict, title: str = "text demo") -> str:
@@ -176,9 +168,9 @@ def render(r: dict, title: str = "text demo") -> str:
              "|---|---|---|---|---|---|---|"]
     for method, e in r["students"].items():
         forwards = f"{e['teacher_forward_images']} ({e['teacher_forwards_saved']})" if method != "no-kd" else ""
-        lines.append(f"| {LABELS[method]} | {_fmt(e['test_acc_at_best_val'])} | {_fmt(e['test_acc_last'])} | "
-                     f"{_ci(e.get('diff_vs_no_kd'))} | {_ci(e.get('diff_vs_kd'))} | {forwards} | "
-                     f"{e['wall_time_s']:.0f} |")
+        lines.append(f"| {LABELS[method]} | {fmt_mean_std(e['test_acc_at_best_val'])} | "
+                     f"{fmt_mean_std(e['test_acc_last'])} | {fmt_interval(e.get('diff_vs_no_kd'))} | "
+                     f"{fmt_interval(e.get('diff_vs_kd'))} | {forwards} | {e['wall_time_s']:.0f} |")
     lines += ["", f"mean +- std over seeds (sample std); intervals are paired 95% t intervals over seeds; they cover "
               f"{r['interval_covers']}. Total wall time {r['wall_time_s']:.0f} s."]
     return "\n".join(lines)
@@ -186,12 +178,8 @@ def render(r: dict, title: str = "text demo") -> str:
 
 def plot(r: dict, path: Path) -> Path | None:
     """Validation accuracy per epoch per method (mean over seeds, band = min..max); None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     colors = {"no-kd": "#999999", "kd": "#4c72b0", "prokd": "#dd8452"}
