@@ -387,3 +387,21 @@ def test_bad_inputs_are_one_line_errors(tmp_path, what, edit, options, error, wo
     for word in words:
         assert word in message, message
 
+
+
+def test_post_processing_options_reach_the_evaluator(tmp_path, monkeypatch):
+    """n_best / max_answer_length / null_threshold are squad options that travel to the evaluator."""
+    from teachkit.data import DataConfig, load_splits
+    from teachkit.engine import EVALUATORS
+    from teachkit.options import from_mapping
+
+    monkeypatch.setenv("TEACHKIT_CACHE", str(tmp_path / "cache"))
+    root = write_squad(tmp_path / "sq", "2.0")
+    cfg = from_mapping(DataConfig, {"name": "squad", "root": str(root), "options": {
+        "version": "2.0", "max_length": 48, "doc_stride": 16, "n_best": 5, "max_answer_length": 7,
+        "null_threshold": 1.5}}, "data")
+    evaluator = EVALUATORS.get("squad")(load_splits(cfg), 64)
+    assert (evaluator.n_best, evaluator.max_answer_length, evaluator.null_threshold) == (5, 7, 1.5)
+    with pytest.raises(ConfigError, match="'null_threshold' must be a finite number, got 'x'"):
+        load_splits(from_mapping(DataConfig, {"name": "squad", "root": str(root), "options": {
+            "version": "2.0", "null_threshold": "x"}}, "data"))

@@ -34,7 +34,7 @@ OVERLAP_KEY = "teacher_overlap_allowed"
 #: text source options that change how examples are tokenised, never which examples are in val/test (those are
 #: carved from the examples themselves, by label or by question id)
 TOKENISATION_OPTIONS = frozenset({"tokenizer", "teacher_tokenizer", "max_length", "doc_stride", "max_query_length",
-                                  "cache_dir"})
+                                  "cache_dir", "n_best", "max_answer_length", "null_threshold"})
 
 
 def _same(key: str, a: Any, b: Any) -> bool:

@@ -31,12 +31,13 @@ for v2.0 also ``has_ans_*`` / ``no_ans_*``, plus ``loss``, the mean over windows
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import re
 import string
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -90,6 +91,8 @@ class SquadExamples(Sequence[SquadExample]):
 
     version: str
     items: tuple[SquadExample, ...]
+    #: the evaluator's post-processing options (``n_best``, ``max_answer_length``, ``null_threshold``)
+    postprocess: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -273,9 +276,18 @@ def _features(ds: Any, examples: SquadExamples, where: str) -> tuple[TokenFeatur
                             "tokenised into overlapping windows")
 def squad(root: str | None, version: str = "1.1", tokenizer: str = "minilm-l6", max_length: int = 384,
           doc_stride: int = 128, max_query_length: int = 64, cache_dir: str | None = None,
-          limit: int | None = None) -> RawDataset:
-    """SQuAD's training file as ``train`` and its dev file as ``test`` (``val`` is carved from ``train``)."""
+          limit: int | None = None, n_best: int = 20, max_answer_length: int = 30,
+          null_threshold: float = 0.0) -> RawDataset:
+    """SQuAD's training file as ``train`` and its dev file as ``test`` (``val`` is carved from ``train``).
+    ``n_best``, ``max_answer_length`` and ``null_threshold`` (v2.0) are the evaluator's post-processing options:
+    they travel with the questions and change no feature."""
     version = check_version(version)
+    n_best = text_option("squad", "n_best", n_best, 1)
+    max_answer_length = text_option("squad", "max_answer_length", max_answer_length, 1)
+    if isinstance(null_threshold, bool) or not isinstance(null_threshold, int | float) or \
+            not math.isfinite(null_threshold):
+        raise ConfigError(f"dataset 'squad' option 'null_threshold' must be a finite number, got {null_threshold!r}")
+    post = {"n_best": n_best, "max_answer_length": max_answer_length, "null_threshold": float(null_threshold)}
     max_length = text_option("squad", "max_length", max_length, 8)
     doc_stride = text_option("squad", "doc_stride", doc_stride, 0)
     max_query_length = text_option("squad", "max_query_length", max_query_length, 1)
@@ -290,7 +302,7 @@ def squad(root: str | None, version: str = "1.1", tokenizer: str = "minilm-l6", 
     digest = tokenizer_digest(tokenizer)
     parts = []
     for path in paths:
-        examples = load_examples(path, version, limit)
+        examples = dataclasses.replace(load_examples(path, version, limit), postprocess=post)
         if not examples:
             raise DataError(f"dataset 'squad': {str(path)!r} holds no questions")
         key = cache_key(kind="squad", file=file_sha256(path), tokenizer=digest, max_length=max_length,
@@ -484,4 +496,5 @@ def squad_evaluator(splits: Splits, batch_size: int) -> Evaluator:
     if not isinstance(examples, SquadExamples):
         raise ConfigError(f"dataset {splits.name!r} has task 'squad' but its inputs carry no SQuAD questions; "
                           "use the 'squad' dataset")
-    return SquadEvaluator(splits.eval_splits(), examples.version == "2.0", batch_size)
+    return SquadEvaluator(splits.eval_splits(), examples.version == "2.0", batch_size,
+                          **getattr(examples, "postprocess", {}))
