@@ -275,3 +275,15 @@ def test_length_grouped_batches_cut_padding_and_stay_reproducible(tmp_path):
     width = {name: sum(int(b.x["input_ids"].shape[1]) for b in loader.batches(0))
              for name, loader in (("plain", plain), ("grouped", grouped))}
     assert width["grouped"] < 0.8 * width["plain"]  # padded tokens per epoch
+
+
+def test_prokd_online_trains_the_text_teacher_alongside(tmp_path):
+    root = write_sst2(tmp_path / "glue")
+    tiny_teacher = {"name": "hf_text", "options": {"preset": "bert-tiny", "layers": 1}}
+    result = RECIPES.get("prokd")(config(tmp_path, root, "online", prokd={"mode": "online", "tau_max": 2.0},
+                                         teacher={"model": tiny_teacher, "epochs": 2,
+                                                  "optim": {"name": "adamw", "lr": 3e-3}},
+                                         train={"epochs": 3, "progress": False}))
+    s = summary(result)
+    assert s["plan"]["mode"] == "online" and s["cost"]["teacher_epochs_trained"] == 2
+    assert s["teacher_cache"] == {"computed": 2}  # each teacher epoch's logits, computed once
