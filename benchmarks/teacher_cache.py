@@ -14,7 +14,6 @@ Target (issue: text tasks): a cached KD epoch <= 1.3x a no-KD epoch.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,12 +21,12 @@ from pathlib import Path
 import torch
 
 from teachkit.config import from_dict
+from teachkit.experiments.stats import median_after_first
 from teachkit.recipes import distill, train_model
 
 
 def epoch_times(history: list[dict]) -> float:
-    times = [r["epoch_time_s"] for r in history]
-    return statistics.median(times[1:] if len(times) > 1 else times)
+    return median_after_first([r["epoch_time_s"] for r in history])
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ epoch (evaluation excluded), median over the epochs after the first; the cache f
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -21,12 +20,12 @@ from pathlib import Path
 import torch
 
 from teachkit.config import from_dict
+from teachkit.experiments.stats import median_after_first
 from teachkit.recipes import distill, train_model
 
 
 def rate(history: list[dict]) -> float:
-    rates = [r["images_per_s"] for r in history]
-    return statistics.median(rates[1:] if len(rates) > 1 else rates)
+    return median_after_first([r["images_per_s"] for r in history])
 
 
 def main() -> None:

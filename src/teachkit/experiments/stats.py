@@ -66,3 +66,10 @@ def pyplot() -> Any | None:
     except ImportError:
         return None
     return plt
+
+
+def median_after_first(values: Sequence[float]) -> float:
+    """The median of per-epoch figures without the first epoch (warm-up), or of all when there is only one."""
+    import statistics
+
+    return statistics.median(values[1:] if len(values) > 1 else values)
