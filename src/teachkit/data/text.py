@@ -106,7 +106,8 @@ class TokenFeatures(Mapping[str, Tensor]):
         return out
 
     def rows(self, index: Any) -> TokenFeatures:
-        """The selected rows, each prefix group trimmed to the longest selected sequence (>= 1 token)."""
+        """The selected rows, each prefix group trimmed to the longest selected sequence (>= 1 token), in the
+        stored dtype (int32: a carved split of QQP/MNLI does not double its memory; models take ``.long()``)."""
         if isinstance(index, int):
             index = slice(index, index + 1)
         if isinstance(index, list):
@@ -122,34 +123,23 @@ class TokenFeatures(Mapping[str, Tensor]):
                     length = int(used.max()) + 1 if used.numel() else 1
             for k in keys:
                 v = self.inputs[k][index]
-                inputs[k] = (v if length is None else v[:, :length]).long()
+                inputs[k] = v if length is None else v[:, :length]
         side = {k: v[index] for k, v in self.side.items()}
         return TokenFeatures(inputs, side, self.examples)
-
-    def only(self, prefix: str) -> dict[str, Tensor]:
-        """The inputs of one tokenisation without its prefix (``""``: the student's; ``teacher.``)."""
-        if prefix:
-            return {k[len(prefix):]: v for k, v in self.inputs.items() if k.startswith(prefix)}
-        return {k: v for k, v in self.inputs.items() if not k.startswith(TEACHER_PREFIX)}
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.inputs.items())
         return f"TokenFeatures({self.num_rows} rows: {cols})"
 
 
-def concat_features(parts: Sequence[TokenFeatures]) -> TokenFeatures:
-    """Rows of several feature sets with the same columns, padded to the longest (examples of the first)."""
-    first = parts[0]
-
-    def cat(tensors: list[Tensor]) -> Tensor:
-        if tensors[0].dim() >= 2:
-            width = max(int(t.shape[1]) for t in tensors)
-            tensors = [torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - int(t.shape[1])))
-                       for t in tensors]
-        return torch.cat(tensors)
-
-    return TokenFeatures({k: cat([p.inputs[k] for p in parts]) for k in first.inputs},
-                         {k: cat([p.side[k] for p in parts]) for k in first.side}, first.examples)
+def tokenisation(x: Mapping[str, Any], side: str) -> dict[str, Any]:
+    """The inputs one model reads: ``student``: the unprefixed keys; ``teacher``: the ``teacher.``-prefixed keys
+    without their prefix, or the unprefixed ones when the data carries a single tokenisation."""
+    if side == "teacher":
+        own = {k[len(TEACHER_PREFIX):]: v for k, v in x.items() if k.startswith(TEACHER_PREFIX)}
+        if own:
+            return own
+    return {k: v for k, v in x.items() if not k.startswith(TEACHER_PREFIX)}
 
 
 # -- tokenizers, offline ------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from teachkit.data.text import TEACHER_PREFIX
+from teachkit.data.text import tokenisation
 from teachkit.types import Inputs, call_model
 
 
@@ -65,8 +65,8 @@ class FrozenTeacher(nn.Module):
         Tokenised text carrying the teacher's own tokenisation (keys prefixed ``teacher.``) feeds it those."""
         if x is None:
             x = named
-        if isinstance(x, Mapping) and any(isinstance(k, str) and k.startswith(TEACHER_PREFIX) for k in x):
-            x = {k[len(TEACHER_PREFIX):]: v for k, v in x.items() if k.startswith(TEACHER_PREFIX)}
+        if isinstance(x, Mapping):
+            x = tokenisation(x, "teacher")
         with torch.no_grad():
             if self.in_scale is not None and isinstance(x, Tensor) and x.dim() >= 2 \
                     and x.shape[1] == self.in_scale.numel():

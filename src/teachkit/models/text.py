@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from teachkit.data.text import load_tokenizer, resolve_pretrained, tokenisation
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
 from teachkit.models.zoo import MODELS, fraction, input_shape_of, positive_int
@@ -43,7 +44,6 @@ ATTENTIONS = ("sdpa", "eager")
 OUTPUT_NAMES = ("hidden_states", "attentions", "pooled")
 #: the inputs passed on to the Hugging Face model (token_type_ids only when its config has several types)
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-TEACHER_PREFIX = "teacher."
 MAX_POSITIONS = 512
 #: attention implementation returning the softmax probabilities *before* attention dropout (see below)
 PROBS_ATTENTION = "teachkit_probs"
@@ -80,14 +80,6 @@ def _register_probs_attention() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(PROBS_ATTENTION, eager_mask)
 
 
-def _select_inputs(x: Mapping[str, Any], which: str) -> dict[str, Any]:
-    """The unprefixed inputs (``student``), or the ``teacher.``-prefixed ones without their prefix
-    (``teacher``; the unprefixed ones when there are none)."""
-    if which == "teacher":
-        prefixed = {k[len(TEACHER_PREFIX):]: v for k, v in x.items() if k.startswith(TEACHER_PREFIX)}
-        if prefixed:
-            return prefixed
-    return {k: v for k, v in x.items() if not k.startswith(TEACHER_PREFIX)}
 
 
 class HFTextModel(nn.Module):
@@ -173,10 +165,10 @@ class HFTextModel(nn.Module):
             raise TypeError(f"{type(self).__name__} takes a mapping of token tensors or input_ids; "
                             f"got {type(inputs).__name__}")
         given.update(named)
-        x = _select_inputs(given, self.inputs)
+        x = tokenisation(given, self.inputs)
         if "input_ids" not in x:
             raise ConfigError(f"text model input has no input_ids (keys: {', '.join(map(str, given)) or 'none'})")
-        args = {k: x[k] for k in self._model_inputs if k in x}
+        args = {k: x[k].long() for k in self._model_inputs if k in x}  # token columns are stored as int32
         want = self._requested & set(OUTPUT_NAMES)
         if not self._requested:
             return self._logits(self.hf(**args))
@@ -313,8 +305,6 @@ def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = N
     auto = (transformers.AutoModelForQuestionAnswering if head == "qa"
             else transformers.AutoModelForSequenceClassification)
     if path is not None:
-        from teachkit.data.text import resolve_pretrained
-
         folder = resolve_pretrained(path, "model 'hf_text' option 'path'")
         try:
             config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, num_labels=num_labels)
@@ -338,7 +328,6 @@ def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = N
         if not isinstance(tokenizer, str):
             raise ConfigError(f"model 'hf_text' option 'tokenizer' must be a tokenizer name or folder; "
                               f"got {short_repr(tokenizer)}")
-        from teachkit.data.text import load_tokenizer
 
         tok = load_tokenizer(tokenizer)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -367,7 +356,6 @@ def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = N
 def _load_teacher(transformers: Any, init_from: Any, config: Any) -> Any:
     """The base model (weights, or on the meta device only its config) named by ``init_from``, checked
     against the student ``config``: same model type (bert), hidden size, vocabulary, heads, ffn size."""
-    from teachkit.data.text import resolve_pretrained
 
     if not isinstance(init_from, str):
         raise ConfigError(f"model 'hf_text' option 'init_from' must be a folder or model name; "

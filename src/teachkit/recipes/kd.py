@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from teachkit.config import RunConfig
-from teachkit.data import Splits, make_augment
+from teachkit.data import Splits
 from teachkit.engine import Callback, OptimConfig, Trainer, load_checkpoint
 from teachkit.engine.checkpoint import strip, write_json
 from teachkit.errors import ConfigError
@@ -28,7 +28,7 @@ from teachkit.recipes.common import RunResult, folder_wall_time
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource
-from teachkit.recipes.teacher_cache import TeacherOutputs, teacher_outputs
+from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
 from teachkit.types import StepOutput, TrainingStage
 
 #: a distillation term this many times the CE term in the first epoch is warned about
@@ -97,16 +97,11 @@ def check_tokenizers(ctx: RunContext) -> None:
 def cached_teacher(ctx: RunContext, t_tap: Tapped, objective: DistillObjective) -> TeacherOutputs:
     """The frozen teacher's outputs for the student's batches: cached once when ``teacher.cache`` and the run
     allow it (:mod:`teachkit.recipes.teacher_cache`), else computed per batch."""
-    cfg = ctx.cfg
     transforms = any(type(m).transform_batch is not DistillLoss.transform_batch for m in objective.methods.values())
-    _, needs = needs_of(cfg.kd.methods)
-    return teacher_outputs(t_tap, ctx.splits.train, needs=needs, mode=cfg.teacher.cache,
-                           augmented=make_augment(cfg.data.augment, ctx.splits) is not None, transforms=transforms,
-                           out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
-                           dtype=cfg.teacher.cache_dtype)
+    return run_teacher_outputs(ctx, t_tap, needs_of(ctx.cfg.kd.methods)[1], transforms)
 
 
-def teacher_forward_cost(outputs: TeacherOutputs, trainer: Trainer, samples: int) -> dict[str, int]:
+def teacher_forward_cost(outputs: TeacherOutputs, trainer: Trainer) -> dict[str, int]:
     """Teacher forwards done this session and saved by the cache (the per-batch forwards it replaced)."""
     saved = trainer.samples_seen if outputs.cached else 0
     return {"teacher_forward_images": outputs.forwards, "teacher_forwards_saved": saved}
@@ -169,7 +164,7 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         trainer.run_epoch()
     result = trainer.finish(teacher_cache=outputs.report(),
                             cost={"teacher_epochs_trained": source.epochs_trained, "student_epochs": cfg.train.epochs,
-                                  **teacher_forward_cost(outputs, trainer, len(ctx.splits.train)),
+                                  **teacher_forward_cost(outputs, trainer),
                                   # every session of the student, its in-command teacher and training stages
                                   "wall_time_s": trainer.wall_time + sum(
                                       folder_wall_time(ctx.run_dir / name)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from teachkit.config import RunConfig
-from teachkit.data import Splits, make_augment
+from teachkit.data import Splits
 from teachkit.data.raw import is_regression
 from teachkit.engine import Callback, Trainer
 from teachkit.errors import CheckpointError, ConfigError
@@ -47,7 +47,7 @@ from teachkit.recipes.common import RunResult
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TeacherSource
-from teachkit.recipes.teacher_cache import teacher_outputs
+from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
 from teachkit.types import StepOutput, upcast
 
 
@@ -213,8 +213,9 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     ctx.seed()
     student = ctx.model()
     tau_max, reduction, alpha = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha
-    state: dict[str, Any] = {"outputs": None, "epoch": None, "forwards": 0, "saved": 0, "cache": []}
-    augmented = make_augment(cfg.data.augment, ctx.splits) is not None
+    #: the teacher outputs of each teacher checkpoint followed, in order (the last one is in use)
+    followed: list[TeacherOutputs] = []
+    state: dict[str, Any] = {"epoch": None, "saved": 0}
     regression = is_regression(ctx.splits.task)
 
     class FollowTeacher(PlanInfo):
@@ -224,14 +225,9 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
             if stage.teacher_epoch is None or stage.teacher_epoch == state["epoch"]:
                 return
             # the teacher after epoch k: its logits for the transfer set, cached once when inputs never change
-            outputs = teacher_outputs(Tapped(teachers.at(stage.teacher_epoch)), ctx.splits.train, needs={"logits"},
-                                      mode=cfg.teacher.cache, augmented=augmented, transforms=False,
-                                      out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
-                                      dtype=cfg.teacher.cache_dtype)
-            if state["outputs"] is not None:
-                state["forwards"] += state["outputs"].forwards
-            state["outputs"], state["epoch"] = outputs, stage.teacher_epoch
-            state["cache"].append(outputs.status)
+            outputs = run_teacher_outputs(ctx, Tapped(teachers.at(stage.teacher_epoch)), needs={"logits"})
+            followed.append(outputs)
+            state["epoch"] = stage.teacher_epoch
 
     def step(batch, progress):
         stage = plan[progress.epoch]
@@ -240,7 +236,7 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
             if regression:  # phase II on real-valued targets (STS-B): squared error, as train.loss=l2
                 return StepOutput({"l2": label_squared_error(zs, batch.y)}, zs)
             return StepOutput({"ce": F.cross_entropy(upcast(zs), batch.y)}, zs)
-        outputs = state["outputs"]
+        outputs = followed[-1]
         zt = outputs(batch).logits
         if outputs.cached:
             state["saved"] += batch.size
@@ -261,13 +257,12 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         trainer.run_epoch()
     teachers.finish()
     phase1 = sum(1 for s in plan if s.kind != "ce")
-    last = state["outputs"].forwards if state["outputs"] is not None else 0
     cost = {"teacher_epochs_trained": teachers.epochs_trained_here, "teacher_epochs": teachers.total_epochs,
-            "student_epochs": cfg.train.epochs, "teacher_forward_images": state["forwards"] + last,
+            "student_epochs": cfg.train.epochs, "teacher_forward_images": sum(o.forwards for o in followed),
             "teacher_forwards_saved": state["saved"]}
-    statuses = state["cache"]
-    cache = {"status": "off", "why": state["outputs"].why} if state["outputs"] is not None and \
-        not state["outputs"].cached else {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    statuses = [o.status for o in followed]
+    cache = {"status": "off", "why": followed[-1].why} if followed and not followed[-1].cached else \
+        {s: statuses.count(s) for s in dict.fromkeys(statuses)}
     # no wall_time_s: the engine fills in the run's own, every session; an online teacher trains inside it
     result = trainer.finish(cost=cost, teacher_cache=cache, plan={"mode": teachers.mode, "phase1_epochs": phase1,
                                              "phase2_epochs": cfg.train.epochs - phase1,

@@ -32,10 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from teachkit.data import make_augment
 from teachkit.data.base import TensorSplit
-from teachkit.engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from teachkit.engine.checkpoint import CheckpointError, content_digest, load_checkpoint, save_checkpoint
 from teachkit.errors import WriteError
 from teachkit.models import Tapped
+from teachkit.recipes.context import RunContext
 from teachkit.types import Batch, Taps, num_rows
 
 #: taps a cache can hold: one fixed-size tensor per sample
@@ -43,32 +45,14 @@ CACHEABLE = ("logits", "embedding")
 FOLDER = Path("_cache") / "teacher_outputs"
 
 
-def tensor_digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
-    """sha256 over names, dtypes, shapes and bytes of ``tensors`` (moved to the CPU, contiguous)."""
-    h = hashlib.sha256()
-    for name, t in tensors:
-        t = t.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def inputs_digest(x: Any) -> str:
     """sha256 of a split's inputs: a tensor, or the input columns of tokenised text."""
-    if isinstance(x, Tensor):
-        return tensor_digest([("x", x)])
-    inputs = getattr(x, "inputs", x)
-    return tensor_digest(sorted(inputs.items()))
+    return content_digest("", {"x": x} if isinstance(x, Tensor) else dict(getattr(x, "inputs", x)))
 
 
 def weights_digest(model: nn.Module) -> str:
-    """sha256 of a model's state dict (parameters and buffers, in order)."""
-    return tensor_digest(model.state_dict().items())
-
-
-def _rows(x: Any, start: int, stop: int) -> Any:
-    return x[start:stop]
+    """sha256 of a model's state dict (parameters and buffers)."""
+    return content_digest("", model.state_dict())
 
 
 def _padded(t: Tensor, length: int) -> Tensor:
@@ -151,11 +135,10 @@ def compute_outputs(teacher: Tapped, split: TensorSplit, names: tuple[str, ...],
                     dtype: torch.dtype) -> dict[str, Tensor]:
     """The teacher's ``names`` taps for every sample of ``split``, in order (eval mode, batches of ``batch_size``;
     token-level outputs zero-padded to the split's padded length)."""
-    full = _token_length(split.x[0:1]) if not isinstance(split.x, Tensor) else None
-    full = int(split.x.shape[1]) if full is not None else None
+    full = None if isinstance(split.x, Tensor) else int(split.x.shape[1])
     parts: dict[str, list[Tensor]] = {n: [] for n in names}
     for start in range(0, len(split), batch_size):
-        taps = teacher(_rows(split.x, start, start + batch_size))
+        taps = teacher(split.x[start:start + batch_size])
         for n in names:
             value = taps.get(n)
             if not isinstance(value, Tensor):
@@ -199,3 +182,14 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
         result.why = f"not written to disk ({e})"
         result.path = None
     return result
+
+
+def run_teacher_outputs(ctx: RunContext, teacher: Tapped, needs: Iterable[str],
+                        transforms: bool = False) -> TeacherOutputs:
+    """:func:`teacher_outputs` for the run ``ctx``: its transfer set, ``teacher.cache`` / ``cache_dtype``,
+    ``out_dir``, ``data.eval_batch_size``, and whether ``data.augment`` changes the inputs every epoch."""
+    cfg = ctx.cfg
+    return teacher_outputs(teacher, ctx.splits.train, needs=needs, mode=cfg.teacher.cache,
+                           augmented=make_augment(cfg.data.augment, ctx.splits) is not None, transforms=transforms,
+                           out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
+                           dtype=cfg.teacher.cache_dtype)
