@@ -60,6 +60,13 @@ ROWS = [
      "max_length=24"),
     ("malformed-squad-json", lambda t: squad_config(t), {"squad/train-v1.1.json": "{not json",
                                                          "squad/dev-v1.1.json": "{}"}, "train-v1.1.json"),
+    ("group-by-length-on-images", lambda t: {**glue_config(t), "data": {"name": "digits", "group_by_length": True},
+                                             "model": {"name": "mlp"}}, {},
+     "data.group_by_length=true needs tokenised"),
+    ("teacher-cache-unknown", lambda t: {**glue_config(t), "teacher": {"cache": "always"}},
+     {"glue/SST-2/train.tsv": SST2, "glue/SST-2/dev.tsv": SST2}, "teacher.cache"),
+    ("micro-batch-zero", lambda t: {**glue_config(t), "train": {"micro_batch": 0}},
+     {"glue/SST-2/train.tsv": SST2, "glue/SST-2/dev.tsv": SST2}, "train.micro_batch"),
     ("tweets-bad-limit", lambda t: {**glue_config(t), "data": {"name": "tweets", "options": {"limit": 1}}}, {},
      "limit"),
 ]

@@ -214,6 +214,9 @@ class RunContext:
         fresh = check_run_dir(cfg, folder, resume)
         splits = splits if splits is not None else load_data(cfg.data, device)
         select_metric(EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size), cfg.train.select_metric)
+        if cfg.data.group_by_length and not (is_tokens(splits.train.x) and "attention_mask" in splits.train.x):
+            raise ConfigError("data.group_by_length=true needs tokenised text (a dataset with sequences and an "
+                              f"attention mask); dataset {splits.name!r} has none")
         if is_regression(splits.task) != (cfg.train.loss == "l2"):
             raise ConfigError(f"train.loss={cfg.train.loss} does not fit dataset {splits.name!r} (task {splits.task}): "
                               + ("real-valued targets need train.loss=l2" if is_regression(splits.task) else
@@ -267,13 +270,7 @@ class RunContext:
     def batches(self, splits: Splits | None = None, batch_size: int | None = None) -> BatchLoader:
         """The training batches: ``data.batch_size``, shuffled and augmented per (``train.seed``, epoch)."""
         splits = splits or self.splits
-        lengths = None
-        if self.cfg.data.group_by_length:
-            mask = splits.train.x["attention_mask"] if is_tokens(splits.train.x) else None
-            if mask is None:
-                raise ConfigError("data.group_by_length=true needs tokenised text (a dataset with sequences and an "
-                                  f"attention mask); dataset {splits.name!r} has none")
-            lengths = mask.sum(dim=1)
+        lengths = splits.train.x["attention_mask"].sum(dim=1) if self.cfg.data.group_by_length else None
         return BatchLoader(splits.train, batch_size or self.cfg.data.batch_size, shuffle=True,
                            seed=self.cfg.train.seed, augment=make_augment(self.cfg.data.augment, splits),
                            lengths=lengths)
