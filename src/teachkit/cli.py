@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(run)
     ev = sub.add_parser("eval", help="evaluate a checkpoint (file or run folder; a TAKD/ESKD/BAN run: its student)")
     ev.add_argument("checkpoint")
+    ev.add_argument("overrides", nargs="*", metavar="data.options.key=value",
+                    help="change dataset options for this evaluation, e.g. data.options.decode=beam "
+                         "data.options.beam=5 (translation)")
     ev.add_argument("--data", help="dataset name (default: the one it was trained on)")
     ev.add_argument("--root", help="folder holding the dataset files (mnist, cifar10, cifar100)")
     ev.add_argument("--split", choices=["val", "test"], default="test")
@@ -59,9 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                     default="all")
     _add_plugin_arg(ls)
     demo = sub.add_parser("demo", help="images: CE vs MSE teacher, KD vs no KD; text: no KD vs KD vs Pro-KD on "
-                                       "tweets with a MiniLM teacher; several paired seeds (offline)")
-    demo.add_argument("--task", choices=["images", "text"], default="images",
-                      help="images (default) or text (MiniLM-L6 teacher on the tweet corpus, ~10 min on 2 cores)")
+                                       "tweets with a MiniLM teacher; nmt: no KD vs word-level vs sequence-level "
+                                       "KD; several paired seeds (offline)")
+    demo.add_argument("--task", choices=["images", "text", "nmt"], default="images",
+                      help="images (default), text (MiniLM-L6 teacher on the tweet corpus, ~10 min on 2 cores) or "
+                           "nmt (Transformer teacher, LSTM students on a generated translation task, ~10 min)")
     demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k",
                       help="dataset of the image demo")
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
@@ -205,7 +210,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from teachkit.config import DataConfig, from_dict
+    from teachkit.config import DataConfig, from_dict, merge, parse_overrides
     from teachkit.engine import EVALUATORS
     from teachkit.recipes.common import check_compatible, checkpoint_file, load_data, load_model
     from teachkit.registry import import_plugins
@@ -222,6 +227,12 @@ def _eval(args: argparse.Namespace) -> int:
         data_cfg = {"name": args.data} if args.data != data_cfg.get("name") else data_cfg
     if args.root:
         data_cfg["root"] = args.root
+    changes = parse_overrides(args.overrides)
+    if set(changes) - {"data"} or set(changes.get("data", {})) - {"options"}:
+        raise ConfigError(f"teachkit eval takes only data.options.* overrides (e.g. data.options.decode=beam); got "
+                          f"{' '.join(args.overrides)}")
+    if changes:
+        data_cfg = merge(data_cfg, changes["data"])
     splits = load_data(from_dict(data_cfg, DataConfig), device="cpu")
     check_compatible(state, splits, file, who=f"the model in {str(file)!r}")
     evaluator = EVALUATORS.get(splits.task)(splits, 1000)
@@ -271,6 +282,12 @@ def _demo(args: argparse.Namespace) -> int:
 
         setting = TextSetting().quick() if args.quick else TextSetting()
         run_text_study(setting, args.out, seeds=args.seeds)
+        return 0
+    if args.task == "nmt":
+        from teachkit.experiments.nmt_study import NMTSetting, run_nmt_study
+
+        nmt = NMTSetting().quick() if args.quick else NMTSetting()
+        run_nmt_study(nmt, args.out, seeds=args.seeds)
         return 0
     run_demo(args.data, seeds=args.seeds, out=args.out, quick=args.quick)
     return 0

@@ -89,6 +89,10 @@ class TeacherConfig(Options):
     cache: Literal["auto", "off"] = "auto"
     #: storage of cached outputs: float32 (exact) or float16 (half the memory, rounded)
     cache_dtype: Literal["float32", "float16"] = "float32"
+    #: translation (per-token outputs): keep the teacher's k largest logits per target token (0: the whole
+    #: distribution); the student then distils from that top-k distribution renormalised -- a biased estimate
+    #: of the full one, stated in the run summary
+    cache_topk: int = option(0, ge=0)
     resumable = frozenset({"cache"})
 
     def validate(self) -> None:

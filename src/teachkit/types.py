@@ -72,8 +72,18 @@ class Batch(NamedTuple):
         x = self.x
         part = x[start:stop] if isinstance(x, Tensor) or not isinstance(x, Mapping) or hasattr(x, "rows") else \
             {k: v[start:stop] if isinstance(v, Tensor) else v for k, v in x.items()}
-        y = self.y[start:stop] if isinstance(self.y, Tensor) else self.y
+        if hasattr(part, "token_targets"):  # inputs that carry token-level targets (parallel text): theirs, packed
+            y = part.token_targets()
+        else:
+            y = self.y[start:stop] if isinstance(self.y, Tensor) else self.y
         return Batch(part, y, self.index[start:stop])
+
+    @property
+    def items(self) -> int:
+        """What a loss averages over: the samples, or the target tokens when the inputs carry token-level targets
+        (parallel text, whose ``y`` is packed: one entry per target token). Gradient accumulation weighs each
+        chunk by its share of these."""
+        return int(self.y.shape[0]) if hasattr(self.x, "token_targets") and isinstance(self.y, Tensor) else self.size
 
     def chunks(self, size: int) -> list[Batch]:
         """This batch as consecutive pieces of at most ``size`` samples (gradient accumulation)."""
@@ -173,6 +183,10 @@ class Evaluator:
 
     def train_metrics(self, outputs: Any, batch: Batch) -> dict[str, Tensor]:
         return {}
+
+    def check_model(self, model: nn.Module) -> None:
+        """Raise a one-line error when this task cannot measure ``model`` (checked before a run starts, on a
+        model built on the meta device); default: any model."""
 
 
 class BatchSource(Protocol):

@@ -63,3 +63,85 @@ def test_linear_schedule_decays_to_zero_after_warmup():
     assert factors[30] == pytest.approx(0.5)  # half way through the 4 decay epochs
     assert factors[-1] == pytest.approx(1 / 40)
     assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
+
+
+class _BagTranslator(nn.Module):
+    """A tiny stand-in for a translation model: per target position, logits from the position's input token and
+    the mean source embedding, packed over ``tgt_in != PAD`` (the layout translation models return)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 6, padding_idx=0)
+        self.out = nn.Linear(6, vocab)
+
+    def forward(self, src_ids, tgt_in):
+        src, tgt = src_ids.long(), tgt_in.long()
+        context = self.emb(src).sum(1, keepdim=True) / (src != 0).sum(1)[:, None, None]
+        hidden = torch.tanh(self.emb(tgt) + context)
+        return self.out(hidden[tgt != 0])
+
+
+def _parallel_text(n: int = 13, vocab: int = 12):
+    from teachkit.data.parallel import EOS, PAD, ParallelText, TranslationInfo, Vocab
+
+    g = torch.Generator().manual_seed(3)
+    tokens = tuple(["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab - 4)])
+
+    def rows(max_len):
+        out = torch.full((n, max_len + 1), PAD, dtype=torch.int32)
+        for i in range(n):
+            k = int(torch.randint(1, max_len + 1, (1,), generator=g))
+            out[i, :k] = torch.randint(4, vocab, (k,), generator=g, dtype=torch.int32)
+            out[i, k] = EOS
+        return out
+
+    info = TranslationInfo(Vocab(tokens), target_texts=[""] * n, max_tokens=None)
+    return ParallelText(rows(7), rows(9), torch.arange(n), info)
+
+
+@pytest.mark.parametrize("micro", [1, 2, 3])
+def test_micro_batches_of_translation_weigh_chunks_by_target_tokens(tmp_path, micro):
+    """Translation batches average the loss over target tokens: chunks weighted by their share of the batch's
+    tokens (``Batch.items``) give the whole-batch update (float64), though their sentences hold unequal tokens."""
+    from teachkit.data.parallel import TokenBatchLoader
+
+    x = _parallel_text()
+
+    def train(name, micro_batch):
+        torch.manual_seed(1)
+        model = _BagTranslator(12).double()
+
+        def step(batch, progress):
+            logits = model(**batch.x)
+            return StepOutput({"ce": F.cross_entropy(logits, batch.y)}, logits)
+
+        class NoEval(ClassificationEvaluator):
+            def evaluate(self, model):
+                return {"val": {"acc": 0.0, "loss": 0.0}}
+
+        fit({"model": model}, step, TokenBatchLoader(x, 5, shuffle=True, seed=0),
+            OptimConfig(lr=0.5, momentum=0.0, weight_decay=0.0, schedule="constant"), NoEval({}, 12),
+            tmp_path / name, loop=LoopConfig(epochs=2, progress=False, micro_batch=micro_batch))
+        return model
+
+    whole, parts = train("whole", None), train(f"micro{micro}", micro)
+    for a, b in zip(whole.parameters(), parts.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    batch = next(iter(TokenBatchLoader(x, 5, shuffle=True, seed=0).batches(0)))
+    chunks = batch.chunks(2)
+    assert sum(c.items for c in chunks) == batch.items == batch.y.shape[0]
+    assert torch.equal(torch.cat([c.y for c in chunks]), batch.y)  # each chunk repacks its own rows' targets
+
+
+def test_inverse_sqrt_schedule_is_fairseqs():
+    """fairseq's inverse_sqrt: linear warm-up to 1, then sqrt(warm-up / t) (t in epochs, per step)."""
+    cfg = OptimConfig(schedule="inverse_sqrt", warmup_epochs=2.0)
+    steps = 4
+    assert lr_factor(cfg, 0, 0, steps, 10) == pytest.approx(0.125)  # (0 + 1/4) / 2
+    assert lr_factor(cfg, 1, 3, steps, 10) == pytest.approx(1.0)  # last warm-up step
+    assert lr_factor(cfg, 2, 0, steps, 10) == pytest.approx(1.0)
+    assert lr_factor(cfg, 8, 0, steps, 10) == pytest.approx(0.5)  # sqrt(2 / 8)
+    with pytest.raises(Exception, match="inverse_sqrt decays as sqrt"):
+        from teachkit.options import from_mapping
+
+        from_mapping(OptimConfig, {"schedule": "inverse_sqrt"}, "optim")

@@ -24,6 +24,8 @@ NEW = {name: {} for name in [*WRNS, *VGGS, *IMAGENET_RESNETS, "mobilenetv2", "sh
                              "resnet50_cifar", "densenet_bc"]}
 NEW["wrn"] = {"depth": 16}
 NEW["hf_text"] = {"preset": "bert-tiny"}  # tests/models/test_text_models.py
+# translation models: tests/models/test_seq2seq_models.py
+NEW |= {name: {} for name in ("lstm_attn", "transformer_seq2seq", "transformer_small", "transformer_iwslt")}
 
 #: Forward on (3, 32, 32): the small members of each family (see the module docstring).
 FORWARD = [("wrn_16_1", {}), ("wrn_16_2", {}), ("wrn_40_1", {}), ("wrn_40_2", {}), ("wrn", {"depth": 10}),

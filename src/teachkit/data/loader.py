@@ -17,6 +17,7 @@ import torch
 from teachkit.data.augment import Augment
 from teachkit.data.base import Batch, TensorSplit
 from teachkit.errors import ConfigError
+from teachkit.types import BatchSource
 
 
 def epoch_generator(seed: int, epoch: int, stream: str) -> torch.Generator:
@@ -86,3 +87,13 @@ class BatchLoader:
             if self.augment is not None and aug_gen is not None:
                 x = self.augment(x, aug_gen)
             yield Batch(x, self.split.y[index], index)
+
+
+def make_batches(split: TensorSplit, batch_size: int, shuffle: bool, seed: int, augment: Augment | None = None,
+                 lengths: torch.Tensor | None = None) -> BatchSource:
+    """The batches of ``split``: its inputs' own batch source when they define one (parallel text: batches by
+    token count, :class:`~teachkit.data.parallel.TokenBatchLoader`), else a :class:`BatchLoader`."""
+    own = getattr(split.x, "batch_source", None)
+    if own is not None:
+        return own(batch_size, shuffle, seed)
+    return BatchLoader(split, batch_size, shuffle=shuffle, seed=seed, augment=augment, lengths=lengths)

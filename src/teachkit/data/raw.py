@@ -26,6 +26,9 @@ REGRESSION = "regression"
 REGRESSION_TASKS: set[str] = {REGRESSION}
 #: tasks whose targets are (start, end) token positions per row, int64 (N, 2)
 SPAN_TASKS = ("squad",)
+#: tasks whose targets are token sequences, (N, T) integer ids padded with 0, carried by the inputs as well
+#: (parallel text: :class:`~teachkit.data.parallel.ParallelText`); a batch's ``y`` holds them packed per token
+SEQUENCE_TASKS = ("translation",)
 
 
 def is_regression(task: str) -> bool:
@@ -77,6 +80,9 @@ class RawDataset:
             if (x is None) != (y is None):
                 raise DataError(f"{who}: {part}_x and {part}_y must both be given or both be None")
         for part, x, y in [*self.parts(), *((k, x, y) for k, (x, y) in self.extra_test.items())]:
+            if self.task in SEQUENCE_TASKS:
+                self._check_sequences(who, part, x, y)
+                continue
             if self.task in SPAN_TASKS:
                 if y.dim() != 2 or y.shape[1] != 2 or y.dtype != torch.int64 or y.shape[0] != x.shape[0]:
                     raise DataError(f"{who}: {part} answer positions must be int64 ({x.shape[0]}, 2), got {y.dtype} "
@@ -95,6 +101,16 @@ class RawDataset:
             if not is_tokens(x) and x.shape[1:] != self.train_x.shape[1:]:
                 raise DataError(f"{who}: {part} inputs {tuple(x.shape[1:])} differ from train "
                                 f"{tuple(self.train_x.shape[1:])}")
+
+    def _check_sequences(self, who: str, part: str, x: Any, y: Tensor) -> None:
+        if not hasattr(x, "token_targets"):
+            raise DataError(f"{who}: task {self.task!r} needs parallel text inputs (source and target token ids)")
+        if y.dim() != 2 or y.is_floating_point() or y.shape[0] != x.shape[0]:
+            raise DataError(f"{who}: {part} target sequences must be integer ({x.shape[0]}, T), got {y.dtype} "
+                            f"{tuple(y.shape)}")
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+            raise DataError(f"{who}: {part} target ids must lie in 0..{self.num_classes - 1} (the vocabulary), "
+                            f"found {int(y.min())}..{int(y.max())}")
 
     def _check_class_ids(self, who: str, part: str, x: Tensor, y: Tensor) -> None:
         if y.dim() != 1 or y.dtype != torch.int64 or y.shape[0] != x.shape[0]:

@@ -13,7 +13,8 @@ Order of operations (each step draws from one CPU generator seeded with ``split_
    before the subset, and applied to all splits: a student trained on a subset sees inputs normalised
    exactly as its teacher (trained on the full split) did, and val/test tensors do not depend on it.
 
-Regression targets (task ``regression``, float ``y``) have no classes: steps 1-3 draw uniformly at random
+Regression targets (task ``regression``, float ``y``), answer spans and target sequences (translation) have no
+classes: steps 1-3 draw uniformly at random
 instead (same generator, same sizes), and ``omit_classes`` is refused.
 
 Per-class counts use largest-remainder (Hamilton) apportionment with exact rational arithmetic, so each
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.config import DataConfig
-from teachkit.data.raw import SPAN_TASKS, is_regression, is_tokens, load_raw
+from teachkit.data.raw import SEQUENCE_TASKS, SPAN_TASKS, is_regression, is_tokens, load_raw
 from teachkit.errors import ConfigError, DataError
 from teachkit.options import from_mapping
 
@@ -205,7 +206,7 @@ def splits_for(cfg: DataConfig) -> Splits:
     name, val_fraction, train_subset = cfg.name, cfg.val_fraction, cfg.train_subset
     raw = load_raw(name, cfg.root, cfg.options)
     k, default_augment, task = raw.num_classes, raw.default_augment, raw.task
-    regression = is_regression(task) or task in SPAN_TASKS  # no classes to stratify by
+    regression = is_regression(task) or task in SPAN_TASKS or task in SEQUENCE_TASKS  # no classes to stratify by
     g = torch.Generator().manual_seed(cfg.split_seed)
 
     def carve(x: Any, y: Tensor, fraction: Fraction) -> tuple[Tensor, Tensor]:

@@ -88,7 +88,8 @@ class LoopConfig(Options):
     select_metric: str | None = None
     select_mode: Literal["auto", "max", "min"] = "auto"
     #: gradient accumulation: each batch runs in chunks of at most this many samples, chunk losses weighted by
-    #: their share of the batch's samples (the real count, so a short last chunk weighs less); None = whole
+    #: their share of the batch's loss items (samples; target tokens for translation: the real count, so a short
+    #: last chunk weighs less); None = whole
     micro_batch: int | None = option(None, ge=1)
     #: CPU: denormal floats read as zero during this run's epochs (pretrained Transformers fine-tune up to 4x
     #: faster on CPU, where denormals take a slow path; values below ~1e-38 become 0)
@@ -433,7 +434,7 @@ class Trainer:
                     value = float(stats["loss"])
                 if not math.isfinite(value):
                     raise self._nonfinite(value, epoch, step)
-                (loss if len(chunks) == 1 else loss * (m / n)).backward()
+                (loss if len(chunks) == 1 else loss * (chunk.items / batch.items)).backward()
             if oc.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.params, oc.grad_clip)
             self.optimizer.step()

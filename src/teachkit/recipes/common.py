@@ -123,6 +123,9 @@ def model_meta(cfg: RunConfig, splits: Splits, loss: str) -> dict[str, Any]:
             "num_classes": splits.num_classes, "dataset": splits.name, "loss": loss}
     if splits.mean is not None and splits.std is not None:
         meta["normalisation"] = {"mean": splits.mean.flatten().tolist(), "std": splits.std.flatten().tolist()}
+    vocabulary = getattr(splits.train.x, "vocabulary_digest", None)  # token-level outputs over a vocabulary
+    if vocabulary is not None:
+        meta["vocabulary"] = vocabulary
     return meta
 
 
@@ -198,6 +201,13 @@ def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | N
     shape, classes = shape_and_classes(teacher_state, source)
     where = f" (checkpoint {str(source)!r})" if source is not None and who == "teacher" else ""
     student = " (and so the student)" if who == "teacher" else ""
+    ours, theirs = getattr(splits.train.x, "vocabulary_digest", None), teacher_state.get("vocabulary")
+    if ours is not None and (classes != splits.num_classes or (isinstance(theirs, str) and theirs != ours)):
+        differ = (f"{classes} tokens vs {splits.num_classes}" if classes != splits.num_classes else
+                  f"same size {classes}, other tokens: sha256 {str(theirs)[:12]} vs {ours[:12]}")
+        raise ConfigError(f"{who} was trained with another vocabulary than dataset {splits.name!r}{where} ({differ}); "
+                          "per-token outputs are compared over one vocabulary: set data.options.vocab_file to the "
+                          "teacher's run folder (its vocab.json)")
     if classes != splits.num_classes:
         raise ConfigError(f"{who} has {classes} classes but dataset {splits.name!r}{student} has "
                           f"{splits.num_classes}{where}")

@@ -4,9 +4,10 @@
 run name (one folder name inside ``out_dir``), that the folder can be created and written, the run folder's
 history (see :func:`check_run_dir`), the data, the selection metric and the model (built on the meta device).
 Only then does it create the folder, remove what a kill or a failed attempt left (temporary files; the
-outputs of an attempt that finished no epoch) and write ``config.yaml`` atomically; a refused run leaves
-nothing behind. The context builds what a recipe hands to the engine: models, the training batch source, the
-task's evaluator, the loop options and a ready :class:`~teachkit.engine.Trainer`.
+outputs of an attempt that finished no epoch) and write ``config.yaml`` atomically, with the files the data
+asks a run to keep (translation: ``vocab.json``, ``bpe.json``); a refused run leaves nothing behind. The
+context builds what a recipe hands to the engine: models, the training batch source, the task's evaluator,
+the loop options and a ready :class:`~teachkit.engine.Trainer`.
 
 A run folder in which no epoch ever finished (no ``*.safetensors`` anywhere inside it, sub-runs such as
 ``teacher/`` included) belongs to a command that failed early: it is reused as if new, with or without
@@ -28,7 +29,8 @@ import torch
 from torch import nn
 
 from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict, with_changes
-from teachkit.data import BatchLoader, Splits, make_augment
+from teachkit.data import Splits, make_augment
+from teachkit.data.loader import make_batches
 from teachkit.data.raw import is_regression, is_tokens
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
 from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
@@ -36,7 +38,7 @@ from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError, WriteError
 from teachkit.models import ModelConfig, make_model
 from teachkit.recipes.common import load_data, model_meta, seed_everything
-from teachkit.types import Evaluator
+from teachkit.types import BatchSource, Evaluator
 
 
 def resumable(cfg: RunConfig, section: str) -> frozenset[str]:
@@ -213,7 +215,8 @@ class RunContext:
         check_writable(folder)
         fresh = check_run_dir(cfg, folder, resume)
         splits = splits if splits is not None else load_data(cfg.data, device)
-        select_metric(EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size), cfg.train.select_metric)
+        evaluator = EVALUATORS.get(splits.task)(splits, cfg.data.eval_batch_size)
+        select_metric(evaluator, cfg.train.select_metric)
         if cfg.data.group_by_length and not (is_tokens(splits.train.x) and "attention_mask" in splits.train.x):
             raise ConfigError("data.group_by_length=true needs tokenised text (a dataset with sequences and an "
                               f"attention mask); dataset {splits.name!r} has none")
@@ -222,7 +225,7 @@ class RunContext:
                               + ("real-valued targets need train.loss=l2" if is_regression(splits.task) else
                                  "l2 is for real-valued targets (task regression); use ce, mse or mse-logits"))
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
-            make_model(cfg.model, splits.input_shape, splits.num_classes)
+            evaluator.check_model(make_model(cfg.model, splits.input_shape, splits.num_classes))
         text = dump_yaml(cfg)
         created = _create(folder)
         try:
@@ -230,6 +233,8 @@ class RunContext:
                 remove_stale_outputs(folder)
             remove_temporary_files(folder)
             atomic_write(folder / "config.yaml", lambda tmp: Path(tmp).write_text(text))
+            for file, content in getattr(splits.train.x, "artifacts", {}).items():  # a vocabulary, BPE merges
+                atomic_write(folder / file, lambda tmp, c=content: Path(tmp).write_text(c, encoding="utf-8"))
         except BaseException:
             _remove_created(created)
             raise
@@ -267,13 +272,13 @@ class RunContext:
         """What every checkpoint of this run records to be loadable on its own."""
         return model_meta(self.cfg, splits or self.splits, loss)
 
-    def batches(self, splits: Splits | None = None, batch_size: int | None = None) -> BatchLoader:
+    def batches(self, splits: Splits | None = None, batch_size: int | None = None) -> BatchSource:
         """The training batches: ``data.batch_size``, shuffled and augmented per (``train.seed``, epoch)."""
         splits = splits or self.splits
         lengths = splits.train.x["attention_mask"].sum(dim=1) if self.cfg.data.group_by_length else None
-        return BatchLoader(splits.train, batch_size or self.cfg.data.batch_size, shuffle=True,
-                           seed=self.cfg.train.seed, augment=make_augment(self.cfg.data.augment, splits),
-                           lengths=lengths)
+        return make_batches(splits.train, batch_size or self.cfg.data.batch_size, shuffle=True,
+                            seed=self.cfg.train.seed, augment=make_augment(self.cfg.data.augment, splits),
+                            lengths=lengths)
 
     def evaluator(self, splits: Splits | None = None) -> Evaluator:
         """The task's evaluator (``splits.task``) on val and test."""

@@ -148,11 +148,12 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     outputs = cached_teacher(ctx, t_tap, objective)
 
     def step(batch, progress):
-        n = batch.size
-        batch = objective.transform_batch(batch)  # keeps the original samples first
-        t_out = outputs(batch)
-        s_out = s_tap(batch.x)
-        return StepOutput(objective(s_out, t_out, batch, progress), s_out.logits[:n])
+        seen = objective.transform_batch(batch)  # keeps the original samples first
+        t_out = outputs(seen)
+        s_out = s_tap(seen.x)
+        # the training metrics read the original samples' outputs (all rows: one per target token in translation)
+        shown = s_out.logits if seen is batch else s_out.logits[:batch.size]
+        return StepOutput(objective(s_out, t_out, seen, progress), shown)
 
     meta = ctx.meta("+".join(cfg.kd.methods))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "loss": teacher_state.get("loss"),

@@ -6,8 +6,8 @@ The student's val and test splits are carved from the dataset (``name``, ``root`
 different may have trained on the student's val/test images (a teacher with another ``split_seed`` had
 seen 721 of a student's 1,000 test images and 368 of its 500 validation images).
 ``train_subset``, ``subset_seed``, ``omit_classes`` and ``few_shot`` only shrink the training pool after val
-and test are carved, and batching/augmentation and a text source's tokenisation options (tokenizer, lengths,
-stride) move nothing, so those may differ; every other data setting
+and test are carved, and batching/augmentation and a text or translation source's tokenisation options
+(tokenizer, lengths, stride; vocabulary, BPE, decoding) move nothing, so those may differ; every other data setting
 (including ones added later) must match. A teacher that was itself distilled from an overlapping teacher
 (its checkpoint records ``teacher_overlap_allowed``) passes the overlap on.
 
@@ -31,10 +31,13 @@ POOL_ONLY = frozenset({"train_subset", "subset_seed", "omit_classes", "few_shot"
 OVERLAP_KEY = "teacher_overlap_allowed"
 
 
-#: text source options that change how examples are tokenised, never which examples are in val/test (those are
-#: carved from the examples themselves, by label or by question id)
+#: text and translation source options that change how examples are tokenised, batched or decoded, never which
+#: examples are in val/test (those are carved from the examples themselves: by label, by question id, by line)
 TOKENISATION_OPTIONS = frozenset({"tokenizer", "teacher_tokenizer", "max_length", "doc_stride", "max_query_length",
-                                  "cache_dir", "n_best", "max_answer_length", "null_threshold"})
+                                  "cache_dir", "n_best", "max_answer_length", "null_threshold",
+                                  # translation: vocabulary, BPE, length handling, batching and decoding
+                                  "vocab_file", "bpe", "bpe_size", "min_freq", "lowercase", "too_long", "empty_lines",
+                                  "max_tokens", "decode", "beam", "length_penalty", "max_len_a", "max_len_b"})
 
 
 def _same(key: str, a: Any, b: Any) -> bool:

@@ -65,7 +65,9 @@ class ProKDOptions(Options):
     which read this key too). ``checkpoint_at``:
     student stage i distils from the teacher after its epoch i (``end``) or before it (``start``).
     ``reduction``: ``sum`` over classes then batch mean (the paper's ||.||^2), or ``mean`` over all
-    elements (``F.mse_loss``: C times smaller gradients at the same lr).
+    elements (``F.mse_loss``: C times smaller gradients at the same lr). ``loss``: phase I fits the paper's
+    logit regression (``mse``), or the teacher checkpoint's softened distribution, T_i^2 KL(p_t^T_i || p_s^T_i)
+    (``kl``: word-level distillation that follows the trajectory; on translation both apply per target token).
     """
 
     mode: Literal["auto", "online", "replay"] = "auto"
@@ -74,6 +76,7 @@ class ProKDOptions(Options):
     student_epochs: int | list[int] = 1
     checkpoint_at: Literal["end", "start"] = "end"
     reduction: Literal["sum", "mean"] = "sum"
+    loss: Literal["mse", "kl"] = "mse"
 
 
 @dataclass
@@ -212,7 +215,9 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
                 else temperature_warnings(cfg, plan))
     ctx.seed()
     student = ctx.model()
-    tau_max, reduction, alpha = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha
+    tau_max, reduction, alpha, phase1_loss = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha, cfg.prokd.loss
+    if phase1_loss == "kl" and is_regression(ctx.splits.task):
+        raise ConfigError("prokd.loss=kl compares class distributions; real-valued targets need prokd.loss=mse")
     #: the teacher outputs of each teacher checkpoint followed, in order (the last one is in use)
     followed: list[TeacherOutputs] = []
     state: dict[str, Any] = {"epoch": None, "saved": 0}
@@ -241,6 +246,8 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         if outputs.cached:
             state["saved"] += batch.size
         if stage.kind == "prokd":
+            if phase1_loss == "kl":
+                return StepOutput({"prokd": kd_kl(zs, zt, stage.temperature)}, zs)
             return StepOutput({"prokd": squared_error(zs, zt / stage.temperature, reduction)}, zs)
         if stage.kind == "anneal":
             phi = 1.0 - (stage.temperature - 1.0) / tau_max

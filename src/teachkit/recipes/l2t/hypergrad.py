@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -62,7 +62,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from teachkit.errors import ConfigError, TeachkitError
-from teachkit.types import Batch
+from teachkit.types import Batch, Inputs
 
 #: ``inner_loss(logits, y, *phi_t) -> scalar``: the student's loss under the teacher's parameters.
 InnerLoss = Callable[..., Tensor]
@@ -119,6 +119,22 @@ def checkpoint_interval(T: int) -> int:
 
 
 # ----------------------------------------------------------------------------- the functional student
+
+
+@contextlib.contextmanager
+def differentiable_kernels() -> Iterator[None]:
+    """Kernels whose backward is itself differentiable, for the double backward of the adjoint steps: cuDNN's
+    fused RNN has no double backward (PyTorch's own LSTM decomposition has), and the fused attention kernels
+    neither (the math kernel has). No effect on CPU tensors."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        except ImportError:  # torch < 2.3
+            pass
+        yield
 
 
 @dataclass
@@ -210,14 +226,16 @@ class FunctionalStudent:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def __call__(self, params: Sequence[Tensor], buffers: dict[str, Tensor], x: Tensor,
+    def __call__(self, params: Sequence[Tensor], buffers: dict[str, Tensor], x: Inputs,
                  mode: Literal["train", "dev"] = "train", seed: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Logits of the model at weights ``params`` and the buffers after this forward."""
+        """Logits of the model at weights ``params`` and the buffers after this forward (``x``: a tensor, or a
+        mapping of named inputs such as parallel text's ``src_ids`` / ``tgt_in``)."""
         self.set_mode(mode)
         new_buffers = {k: b.clone() for k, b in buffers.items()}
-        with self._rng(seed):
-            logits = functional_call(self.model, ({**dict(zip(self.names, params, strict=True)), **new_buffers}),
-                                     (x,))
+        weights = {**dict(zip(self.names, params, strict=True)), **new_buffers}
+        args, kwargs = ((), dict(x)) if isinstance(x, Mapping) else ((x,), None)
+        with self._rng(seed), differentiable_kernels():
+            logits = functional_call(self.model, weights, args, kwargs)
         return logits, new_buffers
 
 

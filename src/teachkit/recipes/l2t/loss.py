@@ -13,6 +13,12 @@ objective is optionally mixed with cross-entropy: ``ce_alpha * CE + (1 - ce_alph
 (:mod:`teachkit.recipes.l2t.state`); this loss is the student's objective driven by the teacher, so it
 lives with the L2T-DLF recipe and is deliberately *not* a distillation loss in ``teachkit.losses.LOSSES``.
 
+With a vocabulary of thousands of classes (translation: the loss applies per target token, ``y`` the gold
+token) a full C x C matrix is out of reach (10k^2 entries, times the gated teacher's rank); the *diagonal*
+form keeps only ``W_yy``: ``L_Phi(p, y) = -sigmoid(w_y log p_y + b_y)`` with ``w, b`` in R^C, i.e. L_Phi on
+each position's probability of the gold token (the form the L2T-DLF NMT experiment needs); ``W`` given as a
+vector (C,) selects it. Per-token losses are averaged over the target tokens (the batch's packed rows).
+
 The teacher's dev-set objective is a smooth surrogate of the error rate (paper Sec. 3.3):
 
     M = mean_i ( 2 sigmoid(k (max_j p_ij - p_i,y_i)) - 1 ),     k = 50,
@@ -30,11 +36,14 @@ from torch import Tensor
 def dynamic_loss(logits: Tensor, y: Tensor, W: Tensor, b: Tensor) -> Tensor:
     """Batch mean of L_Phi(p, y) = -sigmoid(y^T W log p + y^T b) with p = softmax(logits).
 
-    ``logits`` (N, C), ``y`` (N,) int64 labels, ``W`` (C, C), ``b`` (C,). Differentiable in the logits
-    and in (W, b).
+    ``logits`` (N, C), ``y`` (N,) int64 labels, ``W`` (C, C) or its diagonal (C,) (then the score is
+    ``W[y] log p_y + b_y``), ``b`` (C,). Differentiable in the logits and in (W, b).
     """
     logp = F.log_softmax(logits, dim=1)
-    score = (W[y] * logp).sum(dim=1) + b[y]  # y^T W log p + y^T b, one row of W per sample
+    if W.dim() == 1:  # diagonal: the gold class's own log-probability only
+        score = W[y] * logp.gather(1, y[:, None]).squeeze(1) + b[y]
+    else:
+        score = (W[y] * logp).sum(dim=1) + b[y]  # y^T W log p + y^T b, one row of W per sample
     return -torch.sigmoid(score).mean()
 
 
@@ -77,9 +86,11 @@ def dev_cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
 def phi_stats(W: Tensor, b: Tensor) -> dict[str, float]:
     """Summary numbers of Phi = (W, b) for logs and plots: mean of diag(W), mean off-diagonal entry of W,
     Frobenius distance from the identity, mean / min / max of b. ``W`` (C, C) or a stack (T, C, C) whose
-    entries are averaged."""
+    entries are averaged; a diagonal ``W`` (C,) or (T, C) counts as that diagonal matrix."""
     W = W.detach().float()
     b = b.detach().float()
+    if W.dim() == b.dim():  # diagonal form
+        W = torch.diag_embed(W)
     if W.dim() == 2:
         W, b = W[None], b[None]
     c = W.shape[-1]

@@ -8,7 +8,10 @@
    teacher, else it is trained now (paper Algorithm 1): ``l2t.teacher_steps`` episodes. A teacher-training
    student (the configured model, seeded like the final one) follows the final student's schedule: same
    batch stream, ``optim.lr`` x the schedule's factor at its step, ``optim.momentum`` and
-   ``optim.weight_decay``. It is warm-started by ``l2t.warm_start_steps`` CE steps. Each episode starts
+   ``optim.weight_decay``. With ``l2t.warm_start_epochs`` = k it starts from a student trained with CE for k
+   epochs first (the seed's warm-started students: a ``train`` run through the engine in ``warm_start/``,
+   resumed or reused like any run), and so does the final student; it is then further warm-started by
+   ``l2t.warm_start_steps`` CE steps inside the teacher phase. Each episode starts
    from where the previous one ended (``episode_start: continue``, warm-started students as in the paper's
    experiments) or from the warm start (``reset``), runs ``l2t.inner_steps`` momentum-SGD steps under
    L_{Phi_t}, Phi_t = teacher(s_t), and computes the exact gradient of the dev objective M(w_T) w.r.t. the
@@ -27,6 +30,11 @@
    validation record). Per-epoch mean Phi statistics go to ``phi_log.jsonl`` and onto the epoch line
    (``phi mean diag(W) 1.0002, mean b +0.0001``, also the metrics record's ``info``). The state tracker is a
    buffer-only module handed to the engine with the student, so it is checkpointed and restored with it.
+
+Translation: the loss applies per target token (the batch's packed rows), with the diagonal Phi of
+:func:`~teachkit.recipes.l2t.loss.dynamic_loss` (``l2t.phi=auto`` picks it for a vocabulary, the full C x C
+matrix otherwise); the state features are the token-level CE and accuracy, and the dev objective is the smooth
+token error or the dev token CE -- not BLEU, which is not differentiable.
 
 Non-finite hypergradient: the episode stops with a one-line error naming the teacher step; the teacher is
 not updated and the last good one stays on disk.
@@ -52,14 +60,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from teachkit.config import RunConfig
-from teachkit.data import BatchLoader, Splits
+from teachkit.config import RunConfig, with_changes
+from teachkit.data import Splits
+from teachkit.data.loader import make_batches
+from teachkit.data.raw import SEQUENCE_TASKS
 from teachkit.engine import EpochHooks, FitResult, Trainer
 from teachkit.engine.checkpoint import atomic_write, load_checkpoint, optimizer_from_flat, optimizer_to_flat, strip
 from teachkit.engine.schedule import lr_factor
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.options import Options, option
-from teachkit.recipes.common import RunResult
+from teachkit.recipes.common import RunResult, finished_run
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.l2t.hypergrad import (
     FunctionalStudent,
@@ -77,6 +87,7 @@ from teachkit.recipes.l2t.loss import dev_cross_entropy, l2t_loss_terms, l2t_stu
 from teachkit.recipes.l2t.state import StudentStateTracker, TrackerModule
 from teachkit.recipes.l2t.teachers import LossTeacher, build_teacher, load_teacher, save_teacher
 from teachkit.recipes.registry import RECIPES
+from teachkit.recipes.standalone import train_model
 from teachkit.recipes.teacher import TeacherSource
 from teachkit.types import Batch, BatchSource, Evaluator, Progress, StepOutput, upcast
 
@@ -104,6 +115,12 @@ class L2TOptions(Options):
     teacher_betas: list[float] = option(factory=lambda: [0.9, 0.999])
     teacher_eps: float = option(1e-8, gt=0.0)
     warm_start_steps: int = option(0, ge=0)
+    #: CE epochs of the student before the teacher phase (through the engine, in ``warm_start/``); the final
+    #: student starts from the same weights
+    warm_start_epochs: int = option(0, ge=0)
+    #: W of Phi: ``full`` C x C, ``diagonal`` (C,) (the per-token loss of translation), ``auto``: diagonal for
+    #: translation (a vocabulary of thousands of classes), full otherwise
+    phi: Literal["auto", "full", "diagonal"] = "auto"
     dev_batch_size: int = option(500, ge=1)
     #: each episode ``continue``s the teacher-training student where the last one ended, or ``reset``s it to
     #: the warm start; ``episode_gap`` plain steps under the current teacher separate episodes
@@ -136,6 +153,8 @@ def check_config(cfg: RunConfig, splits: Splits | None = None) -> MemoryMode:
     memory mode."""
     l2t, oc = cfg.l2t, cfg.optim
     build_teacher(l2t.teacher_model, 2, StudentStateTracker.dim)  # attention fails here
+    if cfg.train.micro_batch:
+        raise ConfigError("l2t: train.micro_batch is not supported; the unroll differentiates whole-batch steps")
     if oc.name != "sgd":
         raise ConfigError(f"l2t: optim.name={oc.name!r} is not supported; the teacher gradient differentiates "
                           f"momentum SGD (optim.name=sgd)")
@@ -292,7 +311,44 @@ class ObservedEvaluator(Evaluator):
         return getattr(inner, name)
 
 
-def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
+WARM_START_DIR = "warm_start"
+
+
+def diagonal_phi(cfg: RunConfig, splits: Splits) -> bool:
+    """Whether Phi's W is diagonal: ``l2t.phi``, with ``auto`` = diagonal for translation (per-token loss)."""
+    if cfg.l2t.phi == "auto":
+        return splits.task in SEQUENCE_TASKS
+    return cfg.l2t.phi == "diagonal"
+
+
+def warm_start(ctx: RunContext) -> dict[str, Tensor] | None:
+    """The student's weights after ``l2t.warm_start_epochs`` CE epochs (a ``train`` run in ``warm_start/``,
+    reused when finished, resumed on ``--resume``); None without a warm start."""
+    epochs = ctx.cfg.l2t.warm_start_epochs
+    if not epochs:
+        return None
+    folder = ctx.run_dir / WARM_START_DIR
+    done = finished_run(folder, ctx.device)
+    if done is None or done.model is None:
+        cfg = with_changes(ctx.cfg, name=f"{ctx.cfg.name}/{WARM_START_DIR}",
+                           train={"epochs": epochs, "save_every": 0, "loss": "ce"})
+        if ctx.cfg.train.progress:
+            print(f"{ctx.cfg.name}: warm start: {epochs} CE epochs of the student -> {folder}", flush=True)
+        done = train_model(cfg, resume=ctx.resume, splits=ctx.splits, run_dir=folder)
+    assert done.model is not None
+    return {k: v.detach().clone() for k, v in done.model.state_dict().items()}
+
+
+def warm_model(ctx: RunContext, weights: dict[str, Tensor] | None) -> nn.Module:
+    """A fresh student (seeded by ``train.seed``), loaded with the warm-start ``weights`` when given."""
+    ctx.seed()
+    model = ctx.model()
+    if weights is not None:
+        model.load_state_dict(weights)
+    return model
+
+
+def train_teacher(ctx: RunContext, warm: dict[str, Tensor] | None = None) -> tuple[LossTeacher, dict]:
     """``l2t.teacher_steps`` episodes of hypergradient descent on the teacher (module docstring), written to
     ``ctx.run_dir``; on ``ctx.resume`` an unfinished phase continues exactly after its last saved episode.
     Returns (teacher, info)."""
@@ -300,16 +356,16 @@ def train_teacher(ctx: RunContext) -> tuple[LossTeacher, dict]:
     l2t, tc = cfg.l2t, cfg.train
     mode = check_config(cfg, splits)
     C = splits.num_classes
-    ctx.seed()
-    student = FunctionalStudent(ctx.model())
-    teacher = build_teacher(l2t.teacher_model, C, StudentStateTracker.dim, l2t.gate_hidden, l2t.gate_rank).to(device)
+    student = FunctionalStudent(warm_model(ctx, warm))
+    teacher = build_teacher(l2t.teacher_model, C, StudentStateTracker.dim, l2t.gate_hidden, l2t.gate_rank,
+                            diagonal_phi(cfg, splits)).to(device)
     theta = teacher_params(teacher)
     adam = torch.optim.Adam(theta, lr=l2t.teacher_lr, betas=tuple(l2t.teacher_betas), eps=l2t.teacher_eps)
     loader = ctx.batches()  # the final student's batches, in the same order
     spe = len(loader)
     total = tc.epochs * spe
     opt = inner_optimizer(cfg, spe)
-    dev_loader = BatchLoader(splits.val, min(l2t.dev_batch_size, len(splits.val)), shuffle=True, seed=tc.seed)
+    dev_loader = make_batches(splits.val, min(l2t.dev_batch_size, len(splits.val)), shuffle=True, seed=tc.seed)
     tracker = StudentStateTracker(C)
     objective = objective_fn(cfg)
     alpha = l2t.ce_alpha
@@ -449,15 +505,14 @@ def finished_teacher(path: Path, device: torch.device, num_classes: int) -> tupl
     return teacher, {k: v for k, v in state.items() if k != "teacher"}
 
 
-def student_trainer(ctx: RunContext, teacher: LossTeacher,
-                    meta: dict[str, Any] | None = None) -> tuple[Trainer, nn.Module]:
+def student_trainer(ctx: RunContext, teacher: LossTeacher, meta: dict[str, Any] | None = None,
+                    warm: dict[str, Tensor] | None = None) -> tuple[Trainer, nn.Module]:
     """The engine's Trainer of a fresh student on ``ce_alpha CE + (1 - ce_alpha) L_{Phi_t}`` with
     Phi_t = teacher(s_t) from the running state, in ``ctx.run_dir`` (resumed exactly from its last checkpoint
     on ``--resume``: the state tracker is checkpointed with the student as the module ``l2t_state``, and
     ``phi_log.jsonl`` is cut back to the checkpoint's epoch); returns (trainer, student)."""
     cfg, run_dir, device = ctx.cfg, ctx.run_dir, ctx.device
-    ctx.seed()
-    student = ctx.model()
+    student = warm_model(ctx, warm)
     teacher = teacher.to(device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -500,10 +555,10 @@ def student_trainer(ctx: RunContext, teacher: LossTeacher,
     return trainer, student
 
 
-def train_student(ctx: RunContext, teacher: LossTeacher,
-                  meta: dict[str, Any] | None = None) -> tuple[FitResult, nn.Module]:
+def train_student(ctx: RunContext, teacher: LossTeacher, meta: dict[str, Any] | None = None,
+                  warm: dict[str, Tensor] | None = None) -> tuple[FitResult, nn.Module]:
     """Train the student of :func:`student_trainer` for ``train.epochs``; returns (FitResult, student)."""
-    trainer, student = student_trainer(ctx, teacher, meta)
+    trainer, student = student_trainer(ctx, teacher, meta, warm)
     while not trainer.done:
         trainer.run_epoch()
     return trainer.finish(), student
@@ -521,6 +576,7 @@ def l2t_dlf(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     check_config(cfg, ctx.splits)
     teachers = TeacherSource(ctx)
     origin: dict[str, Any] = {"file": TEACHER_FILE, "steps_trained": 0}
+    warm = warm_start(ctx)
 
     def load(path: Path) -> tuple[LossTeacher, dict] | None:
         if teachers.given:
@@ -529,15 +585,17 @@ def l2t_dlf(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
 
     def train() -> tuple[LossTeacher, dict]:
         origin["steps_trained"] = cfg.l2t.teacher_steps
-        return train_teacher(ctx)
+        return train_teacher(ctx, warm)
 
     teacher, info = teachers.learned(TEACHER_FILE, load, train)
     meta = ctx.meta("l2t-dlf")
     meta["l2t"] = {**info, "teacher_model": teacher.kind, "teacher_file": origin["file"],
                    "ce_alpha": cfg.l2t.ce_alpha}
-    trainer, student = student_trainer(ctx, teacher, meta)
+    meta["l2t"]["warm_start_epochs"] = cfg.l2t.warm_start_epochs
+    trainer, student = student_trainer(ctx, teacher, meta, warm)
     while not trainer.done:
         trainer.run_epoch()
     result = trainer.finish(cost={"teacher_steps_trained": origin["steps_trained"],
-                                  "student_epochs": cfg.train.epochs, "wall_time_s": time.perf_counter() - t0})
+                                  "student_epochs": cfg.train.epochs + cfg.l2t.warm_start_epochs,
+                                  "wall_time_s": time.perf_counter() - t0})
     return RunResult(ctx.run_dir, result.summary, student, result.history)

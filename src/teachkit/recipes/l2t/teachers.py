@@ -7,7 +7,8 @@
 - ``attention`` (the paper's class-embedding teacher) is not implemented: asking for it is a ConfigError.
 
 Every teacher maps stacked states (T, S) to (W (T, C, C), b (T, C)) and a single state (S,) to
-(W (C, C), b (C,)).
+(W (C, C), b (C,)). With ``diagonal=True`` W is its diagonal only: (T, C) / (C,), initialised to ones (the
+per-token loss of translation, where C is the vocabulary; see :func:`~teachkit.recipes.l2t.loss.dynamic_loss`).
 """
 
 from __future__ import annotations
@@ -29,15 +30,22 @@ class LossTeacher(nn.Module):
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, num_classes: int, state_dim: int) -> None:
+    def __init__(self, num_classes: int, state_dim: int, diagonal: bool = False) -> None:
         super().__init__()
         self.num_classes = num_classes
         self.state_dim = state_dim
-        self.W = nn.Parameter(torch.eye(num_classes))
+        self.diagonal = diagonal
+        self.W = nn.Parameter(torch.ones(num_classes) if diagonal else torch.eye(num_classes))
         self.b = nn.Parameter(torch.zeros(num_classes))
 
+    @property
+    def w_shape(self) -> tuple[int, ...]:
+        """The shape of W: (C,) diagonal or (C, C)."""
+        return (self.num_classes,) if self.diagonal else (self.num_classes, self.num_classes)
+
     def config(self) -> dict[str, Any]:
-        return {"teacher_model": self.kind, "num_classes": self.num_classes, "state_dim": self.state_dim}
+        return {"teacher_model": self.kind, "num_classes": self.num_classes, "state_dim": self.state_dim,
+                "diagonal": self.diagonal}
 
     def forward(self, states: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -52,7 +60,7 @@ class StaticTeacher(LossTeacher):
         if states.dim() == 1:
             return self.W, self.b
         n = states.shape[0]
-        return self.W.expand(n, -1, -1), self.b.expand(n, -1)
+        return self.W.expand(n, *self.w_shape), self.b.expand(n, -1)
 
 
 class GatedTeacher(LossTeacher):
@@ -60,11 +68,12 @@ class GatedTeacher(LossTeacher):
 
     kind = "gated"
 
-    def __init__(self, num_classes: int, state_dim: int, hidden: int = 16, rank: int = 4) -> None:
-        super().__init__(num_classes, state_dim)
+    def __init__(self, num_classes: int, state_dim: int, hidden: int = 16, rank: int = 4,
+                 diagonal: bool = False) -> None:
+        super().__init__(num_classes, state_dim, diagonal)
         self.hidden, self.rank = hidden, rank
         self.h = nn.Sequential(nn.Linear(state_dim, hidden), nn.Tanh(), nn.Linear(hidden, rank), nn.Tanh())
-        self.W2 = nn.Parameter(torch.zeros(rank, num_classes, num_classes))
+        self.W2 = nn.Parameter(torch.zeros(rank, *self.w_shape))
         self.B2 = nn.Parameter(torch.zeros(rank, num_classes))
 
     def config(self) -> dict[str, Any]:
@@ -77,12 +86,14 @@ class GatedTeacher(LossTeacher):
         return W, b
 
 
-def build_teacher(kind: str, num_classes: int, state_dim: int, hidden: int = 16, rank: int = 4) -> LossTeacher:
-    """The teacher model ``kind`` (``static`` | ``gated``); ``attention`` is a one-line ConfigError."""
+def build_teacher(kind: str, num_classes: int, state_dim: int, hidden: int = 16, rank: int = 4,
+                  diagonal: bool = False) -> LossTeacher:
+    """The teacher model ``kind`` (``static`` | ``gated``), full or ``diagonal`` W; ``attention`` is a one-line
+    ConfigError."""
     if kind == "static":
-        return StaticTeacher(num_classes, state_dim)
+        return StaticTeacher(num_classes, state_dim, diagonal)
     if kind == "gated":
-        return GatedTeacher(num_classes, state_dim, hidden, rank)
+        return GatedTeacher(num_classes, state_dim, hidden, rank, diagonal)
     if kind == "attention":
         raise ConfigError("l2t.teacher_model='attention' is not implemented; choose static or gated")
     raise ConfigError(f"l2t.teacher_model={kind!r} is not allowed; choose one of: {', '.join(TEACHER_MODELS)}")
@@ -102,7 +113,7 @@ def load_teacher(path: str | Path, device: torch.device | str = "cpu") -> tuple[
     try:
         c = state["teacher"]
         teacher = build_teacher(c["teacher_model"], int(c["num_classes"]), int(c["state_dim"]),
-                                int(c.get("hidden", 16)), int(c.get("rank", 4)))
+                                int(c.get("hidden", 16)), int(c.get("rank", 4)), bool(c.get("diagonal", False)))
         teacher.load_state_dict(strip("teacher/", tensors))
     except (KeyError, TypeError, RuntimeError) as e:
         raise CheckpointError(f"{str(path)!r} is not an L2T-DLF teacher checkpoint "

@@ -1,0 +1,210 @@
+"""No KD vs word-level KD vs sequence-level KD on a generated translation task (``teachkit demo --task nmt``).
+
+Protocol: the offline ``toy_translation`` corpus (a synthetic grammar with word reordering and agreement, a few
+hundred word types; its own train / valid / test splits, generated deterministically). One teacher -- a small
+Transformer trained with CE on the training split -- then, for every seed s, three LSTM-attention students with
+the same initialisation, batch order and budget (``train.seed=s``):
+
+- no KD: CE on the references;
+- word-level KD (Kim & Rush 2016, Sec. 3.1): per target token, (1 - alpha) NLL + alpha KL(teacher || student)
+  with teacher forcing on the gold prefix, alpha 0.5, T 1 (``teachkit distill``, ``kd.method=kd``);
+- sequence-level KD (Kim & Rush 2016, Sec. 3.2): CE on the teacher's beam translations of the training sources
+  (``teachkit run seqkd``; decoded once, cached, read by every seed).
+
+Selection: each run's best epoch by validation BLEU (the ``valid`` split; the teacher never sees valid or test);
+test BLEU is only reported, two ways (sacreBLEU on detokenised text and tokenised BLEU). What the spread and the
+intervals cover: student seeds only (initialisation, dropout and batch order); the teacher, the corpus and the
+splits are fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from teachkit.config import RunConfig, from_dict
+from teachkit.errors import ConfigError
+from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval, pyplot
+from teachkit.recipes import RECIPES, distill, train_model
+from teachkit.recipes.common import device_of, load_data, with_changes
+
+METHODS = ("no-kd", "word-kd", "seq-kd")
+LABELS = {"no-kd": "no KD (CE on references)", "word-kd": "word-level KD (alpha 0.5, T 1)",
+          "seq-kd": "sequence-level KD (teacher beam outputs)"}
+INTERVAL_COVERS = ("student seeds only (initialisation, dropout and batch order: train.seed=s); one teacher, one "
+                   "generated corpus and fixed train/valid/test splits")
+
+
+@dataclass(frozen=True)
+class NMTSetting:
+    """Data, models and budgets of the translation study (sized for 2 CPU cores)."""
+
+    train: int = 6000
+    valid: int = 300
+    test: int = 500
+    teacher_epochs: int = 8
+    student_epochs: int = 6
+    seeds: int = 3
+    max_tokens: int = 2048
+    teacher_lr: float = 2e-3
+    student_lr: float = 3e-3
+    teacher: dict[str, Any] = field(default_factory=lambda: {
+        "name": "transformer_seq2seq", "options": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
+                                                   "heads": 4, "ffn": 256, "dropout": 0.1}})
+    student: dict[str, Any] = field(default_factory=lambda: {
+        "name": "lstm_attn", "options": {"layers": 1, "embed_dim": 64, "hidden": 64, "dropout": 0.1}})
+    seqkd_beam: int = 4
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def quick(self) -> NMTSetting:
+        return replace(self, train=400, valid=60, test=60, teacher_epochs=2, student_epochs=2, seeds=2,
+                       seqkd_beam=2)
+
+
+def base_config(s: NMTSetting, out_dir: Path) -> RunConfig:
+    """The students' config: toy_translation, LSTM-attention student, AdamW with a linear decay and gradient
+    clipping 1; the Transformer teacher the same with its own learning rate and a short warm-up."""
+    optim = {"name": "adamw", "lr": s.student_lr, "weight_decay": 0.0, "betas": [0.9, 0.98], "schedule": "linear",
+             "grad_clip": 1.0}
+    teacher_optim = {**optim, "lr": s.teacher_lr, "warmup_epochs": 1.0}
+    return from_dict({
+        "out_dir": str(out_dir),
+        "data": {"name": "toy_translation", "batch_size": 256, "eval_batch_size": 250,
+                 "options": {"train": s.train, "valid": s.valid, "test": s.test, "max_tokens": s.max_tokens,
+                             **s.options}},
+        "model": s.student, "optim": optim,
+        "train": {"epochs": s.student_epochs, "progress": False},
+        "teacher": {"model": s.teacher, "optim": teacher_optim, "epochs": s.teacher_epochs},
+        "kd": {"method": "kd", "alpha": 0.5, "temperature": 1.0},
+        "seqkd": {"mode": "seq", "beam": s.seqkd_beam},
+    })
+
+
+def run_nmt_study(s: NMTSetting, out: str | Path, seeds: int | None = None, title: str = "translation demo") -> dict:
+    """Train the teacher once, then per seed the three students; print, write and plot the results."""
+    n_seeds = s.seeds if seeds is None else seeds
+    if n_seeds < 1:
+        raise ConfigError(f"--seeds={n_seeds} is not allowed: must be >= 1")
+    out_dir = Path(out) / f"toy_translation-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = base_config(s, out_dir)
+    t0 = time.perf_counter()
+    splits = load_data(cfg.data, device_of(cfg))
+    vocab = splits.num_classes
+    print(f"teachkit {title} on toy_translation (generated grammar, vocabulary {vocab}): {cfg.teacher.model.name} "
+          f"teacher {s.teacher_epochs} epochs, {cfg.model.name} students {s.student_epochs} epochs; train "
+          f"{len(splits.train)}, valid {len(splits.val)}, test {len(splits.test)} pairs; {n_seeds} seeds x "
+          f"{len(METHODS)} methods -> {out_dir}")
+    print(f"intervals cover: {INTERVAL_COVERS}")
+    bar = tqdm(total=1 + n_seeds * len(METHODS), desc="runs", dynamic_ncols=True)
+    teacher_dir = out_dir / "teacher"
+    teacher = train_model(with_changes(cfg, name="teacher", model=cfg.teacher.model, optim=cfg.teacher.optim,
+                                       train={"epochs": s.teacher_epochs}),
+                          splits=splits, run_dir=teacher_dir).summary
+    bar.update(1)
+    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
+    histories: dict[str, list[list[float]]] = {m: [] for m in METHODS}
+    for seed in range(n_seeds):
+        student = with_changes(cfg, train={"seed": seed}, teacher={"checkpoint": str(teacher_dir)})
+        for method in METHODS:
+            folder = out_dir / f"seed{seed}" / method
+            named = with_changes(student, name=f"seed{seed}-{method}")
+            if method == "no-kd":
+                result = train_model(named, splits=splits, run_dir=folder)
+            elif method == "word-kd":
+                result = distill(named, splits=splits, run_dir=folder)
+            else:
+                result = RECIPES.get("seqkd")(named, splits=splits, run_dir=folder)
+            runs[method].append(result.summary)
+            histories[method].append([r["val"]["bleu"] for r in result.history])
+            bar.update(1)
+    bar.close()
+    results = summarize(s, n_seeds, teacher, runs, histories, time.perf_counter() - t0,
+                        {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test),
+                         "vocabulary": vocab})
+    text = render(results, title)
+    print(text)
+    (out_dir / "results.md").write_text(text + "\n")
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot_path = plot(results, out_dir / "results.png")
+    print(f"results: {out_dir / 'results.md'}" + (f", plot: {plot_path}" if plot_path else ""))
+    results["out_dir"] = str(out_dir)
+    return results
+
+
+def summarize(s: NMTSetting, n_seeds: int, teacher: dict, runs: dict[str, list[dict]],
+              histories: dict[str, list[list[float]]], wall: float, sizes: dict[str, int]) -> dict:
+    """Per method: test BLEU (both conventions) at the best-on-val epoch, last-epoch BLEU, paired differences."""
+    base = [r["test_bleu_at_best"] for r in runs["no-kd"]]
+    students = {}
+    for method, rs in runs.items():
+        at_best = [r["test_bleu_at_best"] for r in rs]
+        entry = {"test_bleu_at_best_val": at_best, "test_bleu_last": [r["test_bleu"] for r in rs],
+                 "test_bleu_tok_last": [r["test_bleu_tok"] for r in rs],
+                 "best_val_bleu": [r["best_val_bleu"] for r in rs], "val_bleu_per_epoch": histories[method],
+                 "wall_time_s": sum(r["wall_time_s"] for r in rs),
+                 "teacher_forward_sentences": sum(r.get("cost", {}).get("teacher_forward_images", 0) for r in rs)}
+        if method != "no-kd":
+            entry["diff_vs_no_kd"] = paired_interval(at_best, base)
+        if method == "seq-kd":
+            entry["teacher_bleu_tok_train"] = rs[0].get("seqkd", {}).get("teacher_bleu_tok_train")
+        students[method] = entry
+    return {"setting": {**{k: v for k, v in s.__dict__.items() if k != "options"}, "seeds": n_seeds},
+            "sizes": sizes, "interval_covers": INTERVAL_COVERS, "wall_time_s": wall,
+            "teacher": {"val_bleu": teacher["val_bleu"], "test_bleu": teacher["test_bleu"],
+                        "test_bleu_tok": teacher["test_bleu_tok"], "wall_time_s": teacher["wall_time_s"]},
+            "students": students}
+
+
+def render(r: dict, title: str = "translation demo") -> str:
+    s, n = r["setting"], r["sizes"]
+    t = r["teacher"]
+    lines = [f"## teachkit {title}: toy_translation, {s['seeds']} paired seeds (train {n['train']}, valid "
+             f"{n['val']}, test {n['test']} pairs, vocabulary {n['vocabulary']})", "",
+             f"Teacher ({s['teacher']['name']}, {s['teacher_epochs']} epochs): val BLEU {t['val_bleu']:.2f}, test "
+             f"BLEU {t['test_bleu']:.2f} (tokenised {t['test_bleu_tok']:.2f}), {t['wall_time_s']:.0f} s. Greedy "
+             "decoding for every BLEU.", "",
+             f"| student ({s['student']['name']}, {s['student_epochs']} epochs) | test BLEU at best val epoch | "
+             "test BLEU last epoch | tokenised BLEU last epoch | vs no KD [95% CI] | wall s |",
+             "|---|---|---|---|---|---|"]
+    for method, e in r["students"].items():
+        lines.append(f"| {LABELS[method]} | {fmt_mean_std(e['test_bleu_at_best_val'])} | "
+                     f"{fmt_mean_std(e['test_bleu_last'])} | {fmt_mean_std(e['test_bleu_tok_last'])} | "
+                     f"{fmt_interval(e.get('diff_vs_no_kd'))} | {e['wall_time_s']:.0f} |")
+    seq = r["students"].get("seq-kd", {}).get("teacher_bleu_tok_train")
+    if seq is not None:
+        lines += ["", f"The teacher's beam translations of the training sources score {seq:.2f} tokenised BLEU "
+                      "against the references (what sequence-level KD trains on)."]
+    lines += ["", "mean +- std over seeds (sample std); intervals are paired 95% t intervals over seeds; they cover "
+              f"{r['interval_covers']}. Total wall time {r['wall_time_s']:.0f} s."]
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: Path) -> Path | None:
+    """Validation BLEU per epoch per method (mean over seeds, band = min..max); None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    colors = {"no-kd": "#999999", "word-kd": "#4c72b0", "seq-kd": "#dd8452"}
+    for method, e in r["students"].items():
+        curves = e["val_bleu_per_epoch"]
+        epochs = range(1, len(curves[0]) + 1)
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))]
+        lo = [min(c[i] for c in curves) for i in range(len(curves[0]))]
+        hi = [max(c[i] for c in curves) for i in range(len(curves[0]))]
+        ax.plot(epochs, mean, marker="o", color=colors[method], label=LABELS[method])
+        ax.fill_between(epochs, lo, hi, color=colors[method], alpha=0.2)
+    ax.axhline(r["teacher"]["val_bleu"], color="black", linestyle="--", linewidth=1, label="teacher (val)")
+    ax.set_xlabel("student epoch")
+    ax.set_ylabel("val BLEU (sacreBLEU, greedy)")
+    ax.set_title(f"toy_translation: {r['setting']['student']['name']} students, {r['setting']['seeds']} seeds")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
