@@ -6,10 +6,11 @@
     median epoch time after the first (the engine's training time, evaluation excluded).
 (b) Decoding: sentences per second of greedy and beam search (width 5) on the test split, student and teacher,
     batches of ``--decode-batch`` sentences sorted by length (``translate_split``).
-(c) The L2T-DLF teacher step (``--inner-steps`` momentum-SGD steps of an LSTM-attention student under the
-    per-token dynamic loss, then the exact hypergradient) in ``full`` and ``checkpoint`` memory modes: the
-    peak resident memory it adds (each mode in a fresh process: peak RSS after the step minus the peak after
-    the same setup without it) and its time; on CUDA the peak allocated memory instead.
+(c) The L2T-DLF teacher step (``--inner-steps`` SGD steps of an LSTM-attention student under the per-token
+    dynamic loss, then the exact hypergradient) in ``full`` and ``checkpoint`` memory modes: the peak memory the
+    step adds (each mode in a fresh process; Linux: the peak resident set is reset just before the step through
+    ``/proc/self/clear_refs`` and its new peak minus the resident set before it; CUDA: peak allocated memory)
+    and its time.
 
     python benchmarks/nmt_throughput.py [--pairs 4000] [--epochs 3] [--hidden 256] [--device cpu]
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -63,9 +63,16 @@ def decode_rate(model: torch.nn.Module, x, strategy: str, batch: int) -> float:
     return x.num_rows / (time.perf_counter() - t)
 
 
-def l2t_step(mode: str, hidden: int, steps: int, device: str, measure: bool) -> dict:
-    """One L2T-DLF teacher step on an LSTM student (run in its own process); with ``measure=False`` only the
-    setup runs (the baseline of the peak memory)."""
+def _proc_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (VmRSS, VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def l2t_step(mode: str, hidden: int, steps: int, device: str) -> dict:
+    """One L2T-DLF teacher step on an LSTM student (run in its own process) and the peak memory it adds."""
     from teachkit.data.parallel import TokenBatchLoader
     from teachkit.models import build_model
     from teachkit.recipes.l2t import FunctionalStudent, InnerOptimizer, build_teacher, hypergradient
@@ -82,27 +89,27 @@ def l2t_step(mode: str, hidden: int, steps: int, device: str, measure: bool) -> 
     teacher = build_teacher("gated", splits.num_classes, 5, diagonal=True).to(device)
     states = torch.rand(steps, 5, device=device)
     out = {"mode": mode, "params": sum(p.numel() for p in model.parameters()), "steps": steps}
-    if device.startswith("cuda"):
+    cuda = device.startswith("cuda")
+    if cuda:
         torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.max_memory_allocated()
+        before = torch.cuda.memory_allocated()
     else:
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if measure:
-        t = time.perf_counter()
-        res = hypergradient(student, student.initial_state(), teacher, states, batches,
-                            lambda z, y, W, b: l2t_student_loss(z, y, W, b), InnerOptimizer(0.1, 0.0), dev,
-                            dev_cross_entropy, mode)
-        out["time_s"] = time.perf_counter() - t
-        out["stored_weights"] = res.peak_stored_weights
-    after = torch.cuda.max_memory_allocated() if device.startswith("cuda") else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    out["peak_bytes"] = after - before if device.startswith("cuda") else after
+        Path("/proc/self/clear_refs").write_text("5")  # the peak resident set (VmHWM) starts again from now
+        before = _proc_kib("VmRSS") * 1024
+    t = time.perf_counter()
+    res = hypergradient(student, student.initial_state(), teacher, states, batches,
+                        lambda z, y, W, b: l2t_student_loss(z, y, W, b), InnerOptimizer(0.1, 0.0), dev,
+                        dev_cross_entropy, mode)
+    out["time_s"] = time.perf_counter() - t
+    out["stored_weights"] = res.peak_stored_weights
+    peak = torch.cuda.max_memory_allocated() if cuda else _proc_kib("VmHWM") * 1024
+    out["peak_added_bytes"] = peak - before
     return out
 
 
 def l2t_memory(args: argparse.Namespace) -> list[dict]:
     rows = []
-    for mode in ("setup", "full", "checkpoint"):
+    for mode in ("full", "checkpoint"):
         proc = subprocess.run([sys.executable, __file__, "--l2t-child", mode, "--hidden", str(args.hidden),
                                "--inner-steps", str(args.inner_steps), "--device", args.device],
                               capture_output=True, text=True, check=True)
@@ -123,11 +130,10 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=16)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--skip-l2t", action="store_true")
-    ap.add_argument("--l2t-child", choices=["setup", "full", "checkpoint"], help=argparse.SUPPRESS)
+    ap.add_argument("--l2t-child", choices=["full", "checkpoint"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.l2t_child:
-        print(json.dumps(l2t_step(args.l2t_child if args.l2t_child != "setup" else "full", args.hidden,
-                                  args.inner_steps, args.device, args.l2t_child != "setup")))
+        print(json.dumps(l2t_step(args.l2t_child, args.hidden, args.inner_steps, args.device)))
         return
     out = Path(tempfile.mkdtemp(prefix="teachkit-nmt-bench-"))
     cfg = base(args, out)
@@ -167,15 +173,15 @@ def main() -> None:
         return
     print(f"\n(c) L2T-DLF teacher step: {args.inner_steps} inner steps, lstm_attn {args.hidden}/{args.hidden}, "
           "batches of 32 sentences, per-token dynamic loss (diagonal Phi)")
-    setup, *modes = l2t_memory(args)
+    modes = l2t_memory(args)
     print("| memory mode | peak memory added (MB) | w-sized tensors held at once | time s |")
     print("|---|---|---|---|")
     for r in modes:
-        added = r["peak_bytes"] - (setup["peak_bytes"] if not args.device.startswith("cuda") else 0)
-        print(f"| {r['mode']} | {added / 1e6:.1f} | {r['stored_weights']} | {r['time_s']:.2f} |")
-    print(f"student parameters: {setup['params']:,} ({setup['params'] * 4 / 1e6:.1f} MB in fp32); full / checkpoint "
-          f"peak ratio {(modes[0]['peak_bytes'] - setup['peak_bytes']) / max(1, modes[1]['peak_bytes'] - setup['peak_bytes']):.2f}"
-          if not args.device.startswith("cuda") else "")
+        print(f"| {r['mode']} | {r['peak_added_bytes'] / 1e6:.1f} | {r['stored_weights']} | {r['time_s']:.2f} |")
+    full, ckpt = modes
+    print(f"student parameters: {full['params']:,} ({full['params'] * 4 / 1e6:.1f} MB in fp32); peak memory full / "
+          f"checkpoint: {full['peak_added_bytes'] / max(1, ckpt['peak_added_bytes']):.2f}; time checkpoint / full: "
+          f"{ckpt['time_s'] / full['time_s']:.2f}")
 
 
 if __name__ == "__main__":

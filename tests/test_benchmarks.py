@@ -73,3 +73,10 @@ def test_text_study_verdict_reads_the_intervals():
     text = module.verdict(results)
     assert "KD > no KD: yes (+1.00 [+0.20, +1.80])" in text
     assert "Pro-KD > no KD: not resolved at this scale" in text and "Pro-KD > KD: reversed" in text
+
+
+def test_nmt_throughput_small(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEACHKIT_CACHE", str(tmp_path / "cache"))
+    out = run("nmt_throughput.py", "--pairs", "120", "--test", "20", "--epochs", "2", "--hidden", "16",
+              "--teacher-width", "16", "--inner-steps", "2", cwd=tmp_path)
+    assert "word-KD, cached teacher" in out and "beam 5 sentences/s" in out and "| checkpoint |" in out

@@ -160,6 +160,8 @@ class Evaluator:
     """
 
     primary: str = "acc"
+    #: what a training sample is, for throughput on the progress line (``img/s``; translation: ``sent/s``)
+    sample_unit: str = "img"
 
     def metric_names(self) -> tuple[str, ...]:
         """The metrics :meth:`evaluate` reports for every split."""

@@ -442,7 +442,7 @@ class Trainer:
                 post = {"loss": f"{host[1] / seen:.4f}"}
                 if shown:
                     post["acc"] = f"{host[2] / seen:.1f}"
-                post["img_s"] = f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}"
+                post[f"{self.evaluator.sample_unit}_s"] = f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}"
                 bar.set_postfix(post)
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
@@ -500,7 +500,7 @@ class Trainer:
             if m in r.get(split, {}):
                 value = self.evaluator.format(m, r[split][m])
                 parts.append(f"{split} {value}" if m == "acc" else f"{split} {m} {value}")
-        return "  ".join(parts) + f"  ({r['images_per_s']:.0f} img/s)"
+        return "  ".join(parts) + f"  ({r['images_per_s']:.0f} {self.evaluator.sample_unit}/s)"
 
     def _warn_collapse(self, last: dict[str, Any], best: dict[str, Any]) -> None:
         """Warn when the last epoch's selection metric is far worse than the best epoch's (a collapse that

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
-from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval, pyplot
+from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands
+from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval
 from teachkit.recipes import RECIPES, distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
 
@@ -44,15 +45,18 @@ INTERVAL_COVERS = ("student seeds only (initialisation, dropout and batch order:
 class NMTSetting:
     """Data, models and budgets of the translation study (sized for 2 CPU cores)."""
 
-    train: int = 6000
+    train: int = 12000
     valid: int = 300
     test: int = 500
-    teacher_epochs: int = 8
-    student_epochs: int = 6
+    #: the students' transfer set: this many of the training pairs (the teacher trains on all of them)
+    subset: int = 3000
+    teacher_epochs: int = 10
+    student_epochs: int = 24
     seeds: int = 3
-    max_tokens: int = 2048
+    batch_size: int = 32
+    teacher_batch_size: int = 64
     teacher_lr: float = 2e-3
-    student_lr: float = 3e-3
+    student_lr: float = 1e-2
     teacher: dict[str, Any] = field(default_factory=lambda: {
         "name": "transformer_seq2seq", "options": {"encoder_layers": 2, "decoder_layers": 2, "d_model": 128,
                                                    "heads": 4, "ffn": 256, "dropout": 0.1}})
@@ -62,21 +66,23 @@ class NMTSetting:
     options: dict[str, Any] = field(default_factory=dict)
 
     def quick(self) -> NMTSetting:
-        return replace(self, train=400, valid=60, test=60, teacher_epochs=2, student_epochs=2, seeds=2,
+        return replace(self, train=400, valid=60, test=60, subset=200, teacher_epochs=2, student_epochs=2, seeds=2,
                        seqkd_beam=2)
 
 
 def base_config(s: NMTSetting, out_dir: Path) -> RunConfig:
-    """The students' config: toy_translation, LSTM-attention student, AdamW with a linear decay and gradient
-    clipping 1; the Transformer teacher the same with its own learning rate and a short warm-up."""
-    optim = {"name": "adamw", "lr": s.student_lr, "weight_decay": 0.0, "betas": [0.9, 0.98], "schedule": "linear",
+    """The students' config: toy_translation (the students' transfer set a seeded subset of the training pairs),
+    LSTM-attention student, AdamW at a constant learning rate with gradient clipping 1 (a decaying rate stalled
+    some seeds before their attention aligned); the Transformer teacher: its own learning rate, a one-epoch
+    warm-up, then a linear decay."""
+    optim = {"name": "adamw", "lr": s.student_lr, "weight_decay": 0.0, "betas": [0.9, 0.98], "schedule": "constant",
              "grad_clip": 1.0}
-    teacher_optim = {**optim, "lr": s.teacher_lr, "warmup_epochs": 1.0}
+    teacher_optim = {**optim, "lr": s.teacher_lr, "schedule": "linear", "warmup_epochs": 1.0}
     return from_dict({
         "out_dir": str(out_dir),
-        "data": {"name": "toy_translation", "batch_size": 256, "eval_batch_size": 250,
-                 "options": {"train": s.train, "valid": s.valid, "test": s.test, "max_tokens": s.max_tokens,
-                             **s.options}},
+        "data": {"name": "toy_translation", "batch_size": s.batch_size, "eval_batch_size": 250,
+                 "train_subset": s.subset, "subset_seed": 0,
+                 "options": {"train": s.train, "valid": s.valid, "test": s.test, **s.options}},
         "model": s.student, "optim": optim,
         "train": {"epochs": s.student_epochs, "progress": False},
         "teacher": {"model": s.teacher, "optim": teacher_optim, "epochs": s.teacher_epochs},
@@ -93,39 +99,32 @@ def run_nmt_study(s: NMTSetting, out: str | Path, seeds: int | None = None, titl
     out_dir = Path(out) / f"toy_translation-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = base_config(s, out_dir)
     t0 = time.perf_counter()
+    full = load_data(cfg.data, device_of(cfg), subset=False)  # the teacher's data: every training pair
     splits = load_data(cfg.data, device_of(cfg))
     vocab = splits.num_classes
     print(f"teachkit {title} on toy_translation (generated grammar, vocabulary {vocab}): {cfg.teacher.model.name} "
-          f"teacher {s.teacher_epochs} epochs, {cfg.model.name} students {s.student_epochs} epochs; train "
-          f"{len(splits.train)}, valid {len(splits.val)}, test {len(splits.test)} pairs; {n_seeds} seeds x "
+          f"teacher {s.teacher_epochs} epochs on {len(full.train)} training pairs, {cfg.model.name} students "
+          f"{s.student_epochs} epochs on {len(splits.train)} of them; valid {len(splits.val)}, test "
+          f"{len(splits.test)} pairs; {n_seeds} seeds x "
           f"{len(METHODS)} methods -> {out_dir}")
     print(f"intervals cover: {INTERVAL_COVERS}")
     bar = tqdm(total=1 + n_seeds * len(METHODS), desc="runs", dynamic_ncols=True)
     teacher_dir = out_dir / "teacher"
     teacher = train_model(with_changes(cfg, name="teacher", model=cfg.teacher.model, optim=cfg.teacher.optim,
-                                       train={"epochs": s.teacher_epochs}),
-                          splits=splits, run_dir=teacher_dir).summary
+                                       train={"epochs": s.teacher_epochs},
+                                       data={"batch_size": s.teacher_batch_size}),
+                          splits=full, run_dir=teacher_dir).summary
     bar.update(1)
-    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
-    histories: dict[str, list[list[float]]] = {m: [] for m in METHODS}
-    for seed in range(n_seeds):
-        student = with_changes(cfg, train={"seed": seed}, teacher={"checkpoint": str(teacher_dir)})
-        for method in METHODS:
-            folder = out_dir / f"seed{seed}" / method
-            named = with_changes(student, name=f"seed{seed}-{method}")
-            if method == "no-kd":
-                result = train_model(named, splits=splits, run_dir=folder)
-            elif method == "word-kd":
-                result = distill(named, splits=splits, run_dir=folder)
-            else:
-                result = RECIPES.get("seqkd")(named, splits=splits, run_dir=folder)
-            runs[method].append(result.summary)
-            histories[method].append([r["val"]["bleu"] for r in result.history])
-            bar.update(1)
+    runs, histories = paired_seed_runs(
+        with_changes(cfg, teacher={"checkpoint": str(teacher_dir)}),
+        {"no-kd": lambda c, d: train_model(c, splits=splits, run_dir=d),
+         "word-kd": lambda c, d: distill(c, splits=splits, run_dir=d),
+         "seq-kd": lambda c, d: RECIPES.get("seqkd")(c, splits=splits, run_dir=d)},
+        n_seeds, out_dir, "bleu", lambda: bar.update(1))
     bar.close()
     results = summarize(s, n_seeds, teacher, runs, histories, time.perf_counter() - t0,
-                        {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test),
-                         "vocabulary": vocab})
+                        {"teacher_train": len(full.train), "train": len(splits.train), "val": len(splits.val),
+                         "test": len(splits.test), "vocabulary": vocab})
     text = render(results, title)
     print(text)
     (out_dir / "results.md").write_text(text + "\n")
@@ -163,8 +162,9 @@ def summarize(s: NMTSetting, n_seeds: int, teacher: dict, runs: dict[str, list[d
 def render(r: dict, title: str = "translation demo") -> str:
     s, n = r["setting"], r["sizes"]
     t = r["teacher"]
-    lines = [f"## teachkit {title}: toy_translation, {s['seeds']} paired seeds (train {n['train']}, valid "
-             f"{n['val']}, test {n['test']} pairs, vocabulary {n['vocabulary']})", "",
+    lines = [f"## teachkit {title}: toy_translation, {s['seeds']} paired seeds (teacher trained on "
+             f"{n['teacher_train']} pairs, students on {n['train']} of them; valid {n['val']}, test {n['test']} "
+             f"pairs; vocabulary {n['vocabulary']})", "",
              f"Teacher ({s['teacher']['name']}, {s['teacher_epochs']} epochs): val BLEU {t['val_bleu']:.2f}, test "
              f"BLEU {t['test_bleu']:.2f} (tokenised {t['test_bleu_tok']:.2f}), {t['wall_time_s']:.0f} s. Greedy "
              "decoding for every BLEU.", "",
@@ -186,25 +186,8 @@ def render(r: dict, title: str = "translation demo") -> str:
 
 def plot(r: dict, path: Path) -> Path | None:
     """Validation BLEU per epoch per method (mean over seeds, band = min..max); None without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    colors = {"no-kd": "#999999", "word-kd": "#4c72b0", "seq-kd": "#dd8452"}
-    for method, e in r["students"].items():
-        curves = e["val_bleu_per_epoch"]
-        epochs = range(1, len(curves[0]) + 1)
-        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))]
-        lo = [min(c[i] for c in curves) for i in range(len(curves[0]))]
-        hi = [max(c[i] for c in curves) for i in range(len(curves[0]))]
-        ax.plot(epochs, mean, marker="o", color=colors[method], label=LABELS[method])
-        ax.fill_between(epochs, lo, hi, color=colors[method], alpha=0.2)
-    ax.axhline(r["teacher"]["val_bleu"], color="black", linestyle="--", linewidth=1, label="teacher (val)")
-    ax.set_xlabel("student epoch")
-    ax.set_ylabel("val BLEU (sacreBLEU, greedy)")
-    ax.set_title(f"toy_translation: {r['setting']['student']['name']} students, {r['setting']['seeds']} seeds")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return plot_epoch_bands({m: e["val_bleu_per_epoch"] for m, e in r["students"].items()}, LABELS,
+                            {"no-kd": "#999999", "word-kd": "#4c72b0", "seq-kd": "#dd8452"}, path,
+                            ylabel="val BLEU (sacreBLEU, greedy)", reference=r["teacher"]["val_bleu"],
+                            title=f"toy_translation: {r['setting']['student']['name']} students, "
+                                  f"{r['setting']['seeds']} seeds")

@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
-from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval, pyplot
+from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands
+from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval
 from teachkit.recipes import RECIPES, distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
 
@@ -99,22 +100,12 @@ def run_text_study(s: TextSetting, out: str | Path, seeds: int | None = None, ti
                                        train={"epochs": s.teacher_epochs, "save_every": 1}),
                           splits=splits, run_dir=teacher_dir).summary
     bar.update(1)
-    runs: dict[str, list[dict]] = {m: [] for m in METHODS}
-    histories: dict[str, list[list[float]]] = {m: [] for m in METHODS}
-    for seed in range(n_seeds):
-        student = with_changes(cfg, train={"seed": seed}, teacher={"checkpoint": str(teacher_dir)})
-        for method in METHODS:
-            folder = out_dir / f"seed{seed}" / method
-            named = with_changes(student, name=f"seed{seed}-{method}")
-            if method == "no-kd":
-                result = train_model(named, splits=splits, run_dir=folder)
-            elif method == "kd":
-                result = distill(named, splits=splits, run_dir=folder)
-            else:
-                result = RECIPES.get("prokd")(named, splits=splits, run_dir=folder)
-            runs[method].append(result.summary)
-            histories[method].append([r["val"]["acc"] for r in result.history])
-            bar.update(1)
+    runs, histories = paired_seed_runs(
+        with_changes(cfg, teacher={"checkpoint": str(teacher_dir)}),
+        {"no-kd": lambda c, d: train_model(c, splits=splits, run_dir=d),
+         "kd": lambda c, d: distill(c, splits=splits, run_dir=d),
+         "prokd": lambda c, d: RECIPES.get("prokd")(c, splits=splits, run_dir=d)},
+        n_seeds, out_dir, "acc", lambda: bar.update(1))
     bar.close()
     results = summarize(s, n_seeds, teacher, runs, histories, time.perf_counter() - t0,
                         {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)})
@@ -178,26 +169,8 @@ def render(r: dict, title: str = "text demo") -> str:
 
 def plot(r: dict, path: Path) -> Path | None:
     """Validation accuracy per epoch per method (mean over seeds, band = min..max); None without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    colors = {"no-kd": "#999999", "kd": "#4c72b0", "prokd": "#dd8452"}
-    for method, e in r["students"].items():
-        curves = e["val_acc_per_epoch"]
-        epochs = range(1, len(curves[0]) + 1)
-        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(curves[0]))]
-        lo = [min(c[i] for c in curves) for i in range(len(curves[0]))]
-        hi = [max(c[i] for c in curves) for i in range(len(curves[0]))]
-        ax.plot(epochs, mean, marker="o", color=colors[method], label=LABELS[method])
-        ax.fill_between(epochs, lo, hi, color=colors[method], alpha=0.2)
-    ax.axhline(r["teacher"]["val_acc"], color="black", linestyle="--", linewidth=1, label="teacher (val)")
-    ax.set_xticks(list(range(1, len(next(iter(r["students"].values()))["val_acc_per_epoch"][0]) + 1)))
-    ax.set_xlabel("student epoch")
-    ax.set_ylabel("val accuracy %")
-    ax.set_title(f"tweets: {r['setting']['student_layers']}-layer students, {r['setting']['seeds']} seeds")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return plot_epoch_bands({m: e["val_acc_per_epoch"] for m, e in r["students"].items()}, LABELS,
+                            {"no-kd": "#999999", "kd": "#4c72b0", "prokd": "#dd8452"}, path,
+                            ylabel="val accuracy %", reference=r["teacher"]["val_acc"],
+                            title=f"tweets: {r['setting']['student_layers']}-layer students, {r['setting']['seeds']} "
+                                  "seeds")

@@ -74,8 +74,8 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], tokenised:
     if not hypotheses:
         return float("nan")
     if tokenised:
-        return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize="none",
-                                           lowercase=True).score)
+        return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)], tokenize="none", lowercase=True,
+                                           force=True).score)  # force: tokenised on purpose (no warning)
     return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 
@@ -107,6 +107,7 @@ class TranslationEvaluator(Evaluator):
     """``bleu`` (primary), ``bleu_tok``, ``loss``, ``ppl`` and ``acc`` on each named split (module docstring)."""
 
     primary = "bleu"
+    sample_unit = "sent"
 
     def __init__(self, splits: Mapping[str, TensorSplit], info: TranslationInfo, batch_size: int = 1000) -> None:
         self.splits = dict(splits)

@@ -282,7 +282,7 @@ class ObservedEvaluator(Evaluator):
 
     def __init__(self, inner: Evaluator, observe: Callable[[dict[str, dict[str, float]]], None]) -> None:
         self.inner, self.observe = inner, observe
-        self.primary = inner.primary
+        self.primary, self.sample_unit = inner.primary, inner.sample_unit
 
     def metric_names(self) -> tuple[str, ...]:
         return self.inner.metric_names()

@@ -1,0 +1,64 @@
+"""Paired-seed studies: every method trained once per seed from the same base config, and their curves plotted.
+
+The studies (text, translation) compare methods with *paired* seeds: for seed s every method gets
+``train.seed=s`` (same initialisation, batch order and augmentation), so the per-seed differences cancel what
+the seed moves and :func:`~teachkit.experiments.stats.paired_interval` gives the intervals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from teachkit.config import RunConfig
+from teachkit.experiments.stats import pyplot
+from teachkit.recipes.common import RunResult, with_changes
+
+#: ``run(config, run_dir) -> RunResult``: how one method trains a student
+MethodRun = Callable[[RunConfig, Path], RunResult]
+
+
+def paired_seed_runs(base: RunConfig, methods: Mapping[str, MethodRun], seeds: int, out_dir: Path, metric: str,
+                     advance: Callable[[], Any] = lambda: None) -> tuple[dict[str, list[dict]],
+                                                                         dict[str, list[list[float]]]]:
+    """For each seed s in ``range(seeds)`` and each method: ``train.seed=s``, run name ``seed{s}-{method}``, run
+    folder ``out_dir/seed{s}/{method}``. Returns the runs' summaries and their per-epoch validation ``metric``,
+    by method in seed order; ``advance()`` is called after each run (a progress bar)."""
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    curves: dict[str, list[list[float]]] = {m: [] for m in methods}
+    for seed in range(seeds):
+        student = with_changes(base, train={"seed": seed})
+        for method, run in methods.items():
+            result = run(with_changes(student, name=f"seed{seed}-{method}"), out_dir / f"seed{seed}" / method)
+            runs[method].append(result.summary)
+            curves[method].append([r["val"][metric] for r in result.history])
+            advance()
+    return runs, curves
+
+
+def plot_epoch_bands(curves: Mapping[str, list[list[float]]], labels: Mapping[str, str],
+                     colors: Mapping[str, str], path: Path, *, ylabel: str, title: str,
+                     reference: float | None = None, reference_label: str = "teacher (val)") -> Path | None:
+    """Per method, a validation metric per epoch: the mean over seeds as a line and the min..max band; a dashed
+    ``reference`` line (the teacher). Written to ``path``; None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for method, runs in curves.items():
+        epochs = range(1, len(runs[0]) + 1)
+        columns = list(zip(*runs, strict=True))
+        ax.plot(epochs, [sum(c) / len(c) for c in columns], marker="o", color=colors[method], label=labels[method])
+        ax.fill_between(epochs, [min(c) for c in columns], [max(c) for c in columns], color=colors[method],
+                        alpha=0.2)
+    if reference is not None:
+        ax.axhline(reference, color="black", linestyle="--", linewidth=1, label=reference_label)
+    ax.set_xlabel("student epoch")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
