@@ -1,8 +1,9 @@
 """kill -9 at random moments, then ``--resume`` until the run finishes: every checkpoint of the run folder is
 bit-identical to an uninterrupted run's and its logs (``metrics.jsonl``; L2T's ``phi_log.jsonl`` and
 ``teacher_log.jsonl``) hold the same records (timing fields aside), for plain training, distillation (CRD's
-memory bank, an in-command teacher), Pro-KD (a teacher trained online, interleaved with the student) and
-L2T-DLF (a loss teacher trained by hypergradients, then a student driven by it).
+memory bank, an in-command teacher), Pro-KD (a teacher trained online, interleaved with the student),
+L2T-DLF (a loss teacher trained by hypergradients, then a student driven by it) and sequence-level KD for
+translation (a Transformer teacher trained in the command, its beam translations, an LSTM student).
 
 The kills land densely around the run folder's writes. A watcher (inotify) sees every file the run creates,
 renames into place or appends to, and each attempt is killed at a randomly chosen such event:
@@ -46,11 +47,17 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kill soak f
 
 L2T = ["l2t.teacher_steps=4", "l2t.inner_steps=3", "l2t.warm_start_steps=2", "l2t.dev_batch_size=16",
        "l2t.episode_gap=1", "l2t.teacher_lr=0.01"]
+#: translation: a generated corpus, an LSTM student and a Transformer teacher trained in the command
+NMT = ["data.name=toy_translation", "data.options={train: 60, valid: 10, test: 10}", "data.batch_size=16",
+       "model={name: lstm_attn, options: {embed_dim: 8, hidden: 8}}", "teacher.epochs=2",
+       "teacher.model={name: transformer_seq2seq, options: {encoder_layers: 1, decoder_layers: 1, d_model: 8, "
+       "heads: 2, ffn: 16}}", "seqkd.beam=2", "train.epochs=6"]
 CASES = {
     "train": (["train"], ["train.epochs=12"]),  # its epochs are the shortest
     "distill-crd": (["distill"], ["kd.method=[crd, kd]", "teacher.epochs=3"]),
     "prokd-online": (["run", "prokd"], ["teacher.epochs=3", "prokd.tau_max=3"]),
     "l2t": (["run", "l2t"], L2T),
+    "seqkd-translation": (["run", "seqkd"], NMT),
 }
 EPOCHS = 8
 #: kills per case (then the run is left to finish) and the seed of their plans; a longer soak:

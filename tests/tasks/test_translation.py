@@ -192,11 +192,11 @@ def test_prokd_and_l2t_run_on_translation(tmp_path):
     assert [s[0] for s in result.summary["plan"]["stages"]] == ["prokd", "prokd", "ce"]
     l2t = nmt_config(tmp_path, name="l2t", optim={"name": "sgd", "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0},
                      model={"name": "lstm_attn", "options": {"embed_dim": 16, "hidden": 16, "dropout": 0.0}},
-                     l2t={"teacher_steps": 2, "inner_steps": 2, "warm_start_epochs": 1, "dev_batch_size": 10,
-                          "memory": "checkpoint"})
+                     l2t={"teacher_steps": 2, "inner_steps": 2, "warm_start_epochs": 1, "dev_batch_size": 10})
     result = RECIPES.get("l2t")(from_dict(l2t))
     info = result.summary["l2t"]
     assert info["teacher_steps_done"] == 2 and info["warm_start_epochs"] == 1
+    assert info["memory"] == "checkpoint"  # l2t.memory=auto on translation
     assert (result.run_dir / "warm_start" / "summary.json").is_file()
     from teachkit.recipes.l2t import load_teacher
 

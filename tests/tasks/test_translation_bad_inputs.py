@@ -102,3 +102,19 @@ def test_a_teacher_with_another_vocabulary_is_refused_for_word_level_kd(tmp_path
     student["data"]["options"]["vocab_file"] = f"{tmp_path}/runs/teacher"
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(student))
     assert main(["distill", str(tmp_path / "s.yaml")]) == 0, capsys.readouterr().err
+
+
+def test_skipped_and_truncated_lines_are_counted_in_the_run_summary(tmp_path):
+    de = PAIRS_DE.replace("der hund läuft .", "") + "ein sehr sehr sehr langer satz ist hier .\n"
+    en = PAIRS_EN + "a very very very long sentence is here .\n"
+    for name, text in files(de=de, en=en).items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(iwslt(tmp_path, max_length=6)))
+    with pytest.warns(UserWarning, match="truncated|skipped"):
+        assert main(["train", str(tmp_path / "cfg.yaml")]) == 0
+    import json
+
+    notes = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())["data_notes"]
+    assert notes["truncated"]["train"] == 2  # the long pair: its source and its target sequence
+    assert sum(notes["skipped_empty"].values()) == 3  # the empty line, in each split

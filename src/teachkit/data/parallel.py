@@ -230,6 +230,12 @@ class ParallelText(Mapping[str, Tensor]):
         return self.info.vocab.digest
 
     @property
+    def data_notes(self) -> dict[str, Any]:
+        """What reading the corpus did (pairs per split, lines skipped, sequences truncated, BPE, vocabulary): kept
+        in every checkpoint and run summary of this data (``data_notes``)."""
+        return dict(self.info.notes)
+
+    @property
     def artifacts(self) -> dict[str, str]:
         """Files a run on this data keeps in its folder (``vocab.json``, and ``bpe.json`` when BPE was learned)."""
         return dict(self.info.artifacts)

@@ -126,6 +126,9 @@ def model_meta(cfg: RunConfig, splits: Splits, loss: str) -> dict[str, Any]:
     vocabulary = getattr(splits.train.x, "vocabulary_digest", None)  # token-level outputs over a vocabulary
     if vocabulary is not None:
         meta["vocabulary"] = vocabulary
+    notes = getattr(splits.train.x, "data_notes", None)  # what reading the files did (lines skipped, truncated)
+    if notes:
+        meta["data_notes"] = notes
     return meta
 
 

@@ -100,7 +100,8 @@ def parse_memory(spec: str | MemoryMode, key: str = "l2t.memory") -> MemoryMode:
     """``"full"``, ``"checkpoint"`` or ``"truncate:K"`` (K >= 1) as a :class:`MemoryMode`; else a ConfigError."""
     if isinstance(spec, MemoryMode):
         return spec
-    bad = ConfigError(f"{key}={spec!r} is not allowed; choose full, checkpoint or truncate:K with an integer K >= 1")
+    bad = ConfigError(f"{key}={spec!r} is not allowed; choose full, checkpoint or truncate:K with an integer K >= 1 "
+                      "(or auto in the l2t section)")
     if not isinstance(spec, str):
         raise bad
     text = spec.strip()

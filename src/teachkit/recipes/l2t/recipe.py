@@ -101,13 +101,15 @@ class L2TOptions(Options):
     teacher is not implemented) maps the student's state to Phi_t and is trained with Adam (``teacher_lr``,
     ``teacher_betas``, ``teacher_eps``) on a dev-set ``objective`` (smooth error with ``smooth_k``, or dev CE;
     Sec. 3.3) by reverse-mode differentiation through ``inner_steps`` momentum-SGD steps (``optim.lr``,
-    ``optim.momentum``, ``optim.weight_decay``). ``memory``: ``full``, ``checkpoint`` or ``truncate:K``.
+    ``optim.momentum``, ``optim.weight_decay``). ``memory``: ``full``, ``checkpoint`` or ``truncate:K``;
+    ``auto`` = ``checkpoint`` for translation (LSTM and Transformer students with millions of parameters and
+    per-token activations), ``full`` otherwise.
     """
 
     teacher_model: Literal["static", "gated", "attention"] = "gated"
     teacher_steps: int = option(60, ge=1)
     inner_steps: int = option(20, ge=1)
-    memory: str = "full"
+    memory: str = "auto"
     objective: Literal["smooth_error", "dev_ce"] = "smooth_error"
     smooth_k: float = option(50.0, gt=0.0)
     ce_alpha: float = option(0.0, ge=0.0, le=1.0)
@@ -131,14 +133,16 @@ class L2TOptions(Options):
     gate_rank: int = option(4, ge=1)
 
     def validate(self) -> None:
-        parse_memory(self.memory, self.key("memory"))
+        if self.memory != "auto":
+            parse_memory(self.memory, self.key("memory"))
         betas = self.teacher_betas
         if len(betas) != 2 or not all(0.0 <= x < 1.0 for x in betas):
             raise ConfigError(f"{self.key('teacher_betas')}={betas!r} must be two numbers in [0, 1)")
 
-    @property
-    def memory_mode(self) -> MemoryMode:
-        """``memory`` parsed (``full``, ``checkpoint`` or ``truncate:K``)."""
+    def memory_mode(self, task: str) -> MemoryMode:
+        """``memory`` parsed (``full``, ``checkpoint`` or ``truncate:K``), ``auto`` resolved for ``task``."""
+        if self.memory == "auto":
+            return MemoryMode("checkpoint" if task in SEQUENCE_TASKS else "full")
         return parse_memory(self.memory, self.key("memory"))
 
 
@@ -165,7 +169,7 @@ def check_config(cfg: RunConfig, splits: Splits | None = None) -> MemoryMode:
     if splits is not None and len(splits.val) == 0:
         raise ConfigError("l2t: the teacher objective needs a validation split, but it is empty "
                           "(data.val_fraction carves it from the training data)")
-    return l2t.memory_mode
+    return l2t.memory_mode(splits.task if splits is not None else "")
 
 
 def objective_fn(cfg: RunConfig) -> Objective:
