@@ -232,3 +232,20 @@ def test_quick_nmt_demo(tmp_path, capsys):
     assert saved["sizes"]["train"] < saved["sizes"]["teacher_train"]
     student = json.loads((folder / "seed0" / "word-kd" / "summary.json").read_text())
     assert student["data"]["train_subset"] == saved["sizes"]["train"] and "teacher_overlap_allowed" not in student
+
+
+@pytest.mark.parametrize("recipe, section", [
+    ("takd", {"takd": {"assistant": {"name": "lstm_attn", "options": {"embed_dim": 8, "hidden": 8}},
+                       "assistant_epochs": 1}}),
+    ("eskd", {"eskd": {"search": True}}),
+    ("rco", {"rco": {"anchors": 2}, "prokd": {"mode": "replay"}}),
+    ("annealing", {"prokd": {"mode": "replay", "tau_max": 2.0}}),
+    ("ban", {"ban": {"generations": 2}}),
+])
+def test_every_trajectory_recipe_runs_on_translation(tmp_path, recipe, section):
+    teacher = train_model(from_dict(nmt_config(tmp_path, name="teacher", model=TINY_TRANSFORMER,
+                                               train={"epochs": 2, "progress": False, "save_every": 1})))
+    cfg = nmt_config(tmp_path, name=recipe, teacher={"checkpoint": str(teacher.run_dir)},
+                     train={"epochs": 3 if recipe == "annealing" else 2, "progress": False}, **section)
+    s = RECIPES.get(recipe)(from_dict(cfg)).summary
+    assert math.isfinite(s["val_bleu"]) and 0 <= s["test_bleu"] <= 100 and math.isfinite(s["test_loss"])
