@@ -171,7 +171,7 @@ class Zygote:
         deadline = time.monotonic() + timeout
         while pid not in self.exited:
             if time.monotonic() > deadline:
-                os.kill(pid, 9)
+                kill(pid)
                 pytest.fail(f"run {pid} did not finish in {timeout} s")
             self._read(0.05)
         return self.exited[pid]
@@ -266,6 +266,14 @@ def matches(kind: str, event: tuple[str, Path]) -> bool:
     return False
 
 
+def kill(pid: int) -> None:
+    """SIGKILL ``pid``; a run that has just exited by itself (the zygote reaps it) is left as it ended."""
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
 def attempt(zygote: Zygote, args: list[str], folder: Path, err: Path, plan: str,
             rng: random.Random) -> tuple[int, str | None]:
     """One ``--resume`` attempt killed as ``plan`` says; (exit code, where it was killed or None)."""
@@ -287,12 +295,12 @@ def attempt(zygote: Zygote, args: list[str], folder: Path, err: Path, plan: str,
                         fire_at, where = time.monotonic() + delay, f"{event[0]} {event[1].relative_to(folder)}"
                         where += f" +{1e6 * delay:.0f} us" if delay else ""
                         if delay == 0:
-                            os.kill(pid, 9)  # as soon as seen: often the writer is still inside the write
+                            kill(pid)  # as soon as seen: often the writer is still inside the write
                             code = zygote.wait(pid)
                             inside = kind == "create" and event[1].exists()
                             return code, where + (" (inside the write)" if inside else "")
             if fire_at is not None and time.monotonic() >= fire_at:
-                os.kill(pid, 9)
+                kill(pid)
                 return zygote.wait(pid), where
     finally:
         watcher.close()
