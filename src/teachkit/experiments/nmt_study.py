@@ -19,7 +19,6 @@ splits are fixed.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
-from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands
+from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands, publish
 from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval
 from teachkit.recipes import RECIPES, distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
@@ -126,13 +125,7 @@ def run_nmt_study(s: NMTSetting, out: str | Path, seeds: int | None = None, titl
                         {"teacher_train": len(full.train), "train": len(splits.train), "val": len(splits.val),
                          "test": len(splits.test), "vocabulary": vocab})
     text = render(results, title)
-    print(text)
-    (out_dir / "results.md").write_text(text + "\n")
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot_path = plot(results, out_dir / "results.png")
-    print(f"results: {out_dir / 'results.md'}" + (f", plot: {plot_path}" if plot_path else ""))
-    results["out_dir"] = str(out_dir)
-    return results
+    return publish(results, text, out_dir, plot)
 
 
 def summarize(s: NMTSetting, n_seeds: int, teacher: dict, runs: dict[str, list[dict]],

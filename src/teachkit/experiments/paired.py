@@ -7,6 +7,7 @@ the seed moves and :func:`~teachkit.experiments.stats.paired_interval` gives the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,3 +63,15 @@ def plot_epoch_bands(curves: Mapping[str, list[list[float]]], labels: Mapping[st
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def publish(results: dict, text: str, out_dir: Path, plot: Callable[[dict, Path], Path | None]) -> dict:
+    """Print the study's table ``text``, write ``results.md``, ``results.json`` and the plot ``results.png`` into
+    ``out_dir`` and say where; returns ``results`` with ``out_dir`` added."""
+    print(text)
+    (out_dir / "results.md").write_text(text + "\n")
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot_path = plot(results, out_dir / "results.png")
+    print(f"results: {out_dir / 'results.md'}" + (f", plot: {plot_path}" if plot_path else ""))
+    results["out_dir"] = str(out_dir)
+    return results

@@ -14,7 +14,6 @@ every method.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
+from teachkit.experiments.paired import publish
 from teachkit.experiments.stats import fmt_interval, fmt_mean_std, mean_std, paired_interval, pyplot
 from teachkit.recipes import distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
@@ -138,13 +138,7 @@ def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int |
         results["students"][f"{method}/mse"]["mse_minus_ce"] = paired_interval(
             [r["test_acc"] for r in mse], [r["test_acc"] for r in ce])
     text = render(results)
-    print(text)
-    (out_dir / "results.md").write_text(text + "\n")
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot_path = plot(results, out_dir / "results.png")
-    print(f"results: {out_dir / 'results.md'}" + (f", plot: {plot_path}" if plot_path else ""))
-    results["out_dir"] = str(out_dir)
-    return results
+    return publish(results, text, out_dir, plot)
 
 
 def summarize_runs(runs: list[dict], baseline: list[dict]) -> dict:

@@ -19,7 +19,6 @@ data, stratified, seeded); test is only reported. What the spread and the interv
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
-from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands
+from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands, publish
 from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval
 from teachkit.recipes import RECIPES, distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
@@ -110,13 +109,7 @@ def run_text_study(s: TextSetting, out: str | Path, seeds: int | None = None, ti
     results = summarize(s, n_seeds, teacher, runs, histories, time.perf_counter() - t0,
                         {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)})
     text = render(results, title)
-    print(text)
-    (out_dir / "results.md").write_text(text + "\n")
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot_path = plot(results, out_dir / "results.png")
-    print(f"results: {out_dir / 'results.md'}" + (f", plot: {plot_path}" if plot_path else ""))
-    results["out_dir"] = str(out_dir)
-    return results
+    return publish(results, text, out_dir, plot)
 
 
 def summarize(s: TextSetting, n_seeds: int, teacher: dict, runs: dict[str, list[dict]],
