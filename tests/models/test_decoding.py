@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,6 +21,7 @@ from teachkit.errors import ConfigError
 from teachkit.models import build_model
 from teachkit.models.decoding import beam_search, greedy, length_limits, translate, translate_split
 from teachkit.models.seq2seq import Seq2Seq
+from tests.models.test_seq2seq_models import reverse_batch
 
 V = 20
 CONFIGS = {
@@ -33,20 +32,6 @@ CONFIGS = {
 }
 
 
-def reverse_batch(n: int, seed: int, min_len: int = 2, max_len: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    """A reverse task: (src (n, S), tgt (n, T)) int32, right-padded, each sequence ending with EOS."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(min_len, max_len + 1, (n,), generator=g).tolist()
-    src = torch.full((n, max(lengths) + 1), PAD, dtype=torch.int32)
-    tgt = torch.full_like(src, PAD)
-    for i, length in enumerate(lengths):
-        words = torch.randint(4, V, (length,), generator=g, dtype=torch.int32)
-        src[i, :length], tgt[i, :length] = words, words.flip(0)
-        src[i, length] = tgt[i, length] = EOS
-    return src, tgt
-
-
-@functools.cache
 def make(kind: str, trained: bool) -> Seq2Seq:
     """The model of ``kind`` (built once per test session; tests leave it in eval mode)."""
     name, options = CONFIGS[kind]
