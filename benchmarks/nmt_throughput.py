@@ -42,7 +42,7 @@ def base(args: argparse.Namespace, out: Path) -> dict:
                                                           "d_model": args.teacher_width, "heads": 4,
                                                           "ffn": 2 * args.teacher_width}}
     optim = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "schedule": "constant"}
-    return {"out_dir": str(out), "device": args.device,
+    return {"out_dir": str(out),
             "data": {"name": "toy_translation", "batch_size": 512, "eval_batch_size": args.decode_batch,
                      "options": {"train": args.pairs, "valid": 100, "test": args.test,
                                  "max_tokens": args.max_tokens}},
@@ -137,7 +137,6 @@ def main() -> None:
         return
     out = Path(tempfile.mkdtemp(prefix="teachkit-nmt-bench-"))
     cfg = base(args, out)
-    cfg.pop("device")
     teacher = train_model(from_dict({**cfg, "name": "teacher", "model": cfg["teacher"]["model"],
                                      "train": {**cfg["train"], "epochs": 1}}))
     splits = load_data(from_dict(cfg).data, args.device)
