@@ -4,6 +4,7 @@ They check that the scripts run and print their tables, not any timing (speed is
 benchmarks alone, never asserted in tests).
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -23,9 +24,45 @@ def run(script: str, *args: str, cwd: Path) -> str:
 
 
 def test_throughput_small_models(tmp_path):
-    out = run("throughput.py", "--steps", "2", "--batch", "8", "--student", "resnet8", "--teacher", "resnet14",
-              cwd=tmp_path)
-    assert "ratio (c) / ((a) + (b))" in out and "ratio (c) / (d)" in out
+    """One tiny pair, every eager setting: the table's rows and columns, finite ratios, the targets, the host-sync
+    count and the JSON record (no timing is asserted)."""
+    import json
+    import math
+
+    out = run("throughput.py", "--steps", "1", "--batch", "8", "--student", "resnet8", "--teacher", "resnet8",
+              "--no-compile", "--rounds", "1", "--sync-steps", "1", "--peak-size", "128",
+              "--json", str(tmp_path / "t.json"), cwd=tmp_path)
+    assert "torch " in out and "threads" in out and "CPU flags" in out and "batch 8" in out
+    assert "setting default: LoopConfig defaults -> runs " in out and "matmul peak (128x128" in out
+    assert "### resnet8 -> resnet8" in out
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[:4] == ["setting", "runs as", "KD step ms", "img/s"]
+    assert {"x plain fp32", "x plain same", "KD / (no-KD + teacher)", "cached KD / no-KD", "GFLOP/s",
+            "% of peak"} <= set(header)
+    rows = {cells[0]: dict(zip(header, cells, strict=True))
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    settings = ["default", "fp32", "bf16", "bf16+channels_last"]
+    assert [name for name in rows if not name.startswith("plain ")] == settings  # --no-compile: no compile row
+    assert {"plain fp32", "plain bf16", "plain bf16+channels_last"} <= set(rows)
+    assert rows["fp32"]["runs as"] == "fp32" and rows["bf16+channels_last"]["runs as"] == "bf16+channels_last"
+    for name in settings:
+        for column in ("KD step ms", "img/s", "x plain fp32", "x plain same", "KD / (no-KD + teacher)",
+                       "cached KD / no-KD", "GFLOP/s", "% of peak"):
+            value = float(rows[name][column])
+            assert math.isfinite(value) and value > 0, (name, column, value)
+    assert float(rows["plain fp32"]["x plain fp32"]) == 1.0
+    targets = [line for line in out.splitlines() if line.startswith("target: ")]
+    assert len(targets) == 3 and all(line.endswith(("-> met", "-> not met")) for line in targets)
+    assert ">= 2.4" in targets[0] and "<= 1.05" in targets[1] and "<= 1.15" in targets[2]
+    assert "(e) CRD + KD step through the engine" in out and "host syncs per step" in out
+    record = json.loads((tmp_path / "t.json").read_text())
+    assert record["header"]["batch"] == 8 and record["header"]["torch"] and record["header"]["threads"] >= 1
+    assert set(record["header"]["settings"]) == set(settings)
+    (pair,) = record["pairs"]
+    assert set(pair["settings"]) == set(settings) and pair["kd_step_gflop"] > 0
+    assert all(math.isfinite(r["speedup_vs_plain_fp32"]) for r in pair["settings"].values())
+    assert math.isfinite(record["host_syncs"]["per_step"])
 
 
 def test_prokd_study_quick(tmp_path):
@@ -80,3 +117,25 @@ def test_nmt_throughput_small(tmp_path, monkeypatch):
     out = run("nmt_throughput.py", "--pairs", "120", "--test", "20", "--epochs", "2", "--hidden", "16",
               "--teacher-width", "16", "--inner-steps", "2", cwd=tmp_path)
     assert "word-KD, cached teacher" in out and "beam 5 sentences/s" in out and "| checkpoint |" in out
+
+
+def test_precision_study_small(tmp_path):
+    out = run("precision_study.py", "--seeds", "2", "--teacher-epochs", "1", "--student-epochs", "1", "--limit", "128",
+              "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert "| fp32 (fp32) |" in out and "| defaults (" in out
+    assert "Paired difference defaults - fp32:" in out and "student epoch time ratio fp32 / defaults:" in out
+    results = json.loads((tmp_path / "p" / "results.json").read_text())
+    assert [s["seed"] for s in results["results"]["fp32"]["students"]] == [0, 1]
+    assert all(s["precision"] == "fp32" for s in results["results"]["fp32"]["students"])
+
+
+def test_ddp_scaling_one_and_two_processes(tmp_path):
+    out = run("ddp_scaling.py", "--procs", "1", "2", "--student", "resnet8", "--teacher", "resnet8", "--batch", "8",
+              "--steps", "2", "--epochs", "2", "--device", "cpu", "--json", str(tmp_path / "d.json"), cwd=tmp_path)
+    records = json.loads((tmp_path / "d.json").read_text())
+    assert [r["processes"] for r in records] == [1, 2]
+    assert all(r["images_per_s"] > 0 for r in records)
+    assert "| 2 | " in out and "speed-up vs 1" in out
+    assert "--batch 7 does not divide among 2 processes" in subprocess.run(
+        [sys.executable, str(BENCH / "ddp_scaling.py"), "--procs", "1", "2", "--batch", "7"], capture_output=True,
+        text=True).stderr

@@ -22,6 +22,7 @@ LAYERS = [
     ("teachkit.registry", 1),
     ("teachkit.options", 2),
     ("teachkit.types", 2),
+    ("teachkit.distributed", 2),
     ("teachkit.data", 3),
     ("teachkit.models", 4),
     ("teachkit.losses", 5),

@@ -27,7 +27,9 @@ def test_cached_and_uncached_students_are_bit_identical(tiny):
     cached, plain = _summary(runs["auto"]), _summary(runs["off"])
     assert cached["teacher_cache"]["status"] == "computed" and cached["teacher_cache"]["taps"] == ["logits"]
     assert plain["teacher_cache"] == {"status": "off", "why": "teacher.cache=off"}
-    n = cached["teacher_cache"]["bytes"] // (4 * 4)  # float32 logits of 4 classes
+    width = {"float32": 4, "bfloat16": 2}[cached["teacher_cache"]["dtype"]]  # the teacher's own output dtype
+    assert cached["teacher_cache"]["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[cached["precision"]]
+    n = cached["teacher_cache"]["bytes"] // (4 * width)  # logits of 4 classes
     assert cached["cost"]["teacher_forward_images"] == n == 216
     assert plain["cost"]["teacher_forward_images"] == 3 * n and plain["cost"]["teacher_forwards_saved"] == 0
     assert cached["cost"]["teacher_forwards_saved"] == 3 * n
@@ -63,11 +65,13 @@ def test_a_tampered_or_foreign_cache_file_is_never_trusted(tiny):
     assert _summary(third)["teacher_cache"]["file"] != path
 
 
-def test_augmented_inputs_and_feature_methods_run_the_teacher_per_batch(tiny):
+def test_augmented_inputs_get_views_and_feature_methods_run_the_teacher_per_batch(tiny):
     teacher = _teacher(tiny)
     aug = distill(tiny(name="aug", data={"augment": "flip"}, teacher={"checkpoint": str(teacher.run_dir)}))
-    assert _summary(aug)["teacher_cache"] == {"status": "off",
-                                              "why": "the inputs are augmented (they change every epoch)"}
+    assert _summary(aug)["teacher_cache"]["status"] == "views"  # per-epoch views: test_teacher_cache_views.py
+    fit_aug = distill(tiny(name="fitnet-aug", data={"augment": "flip"}, kd={"method": "fitnet",
+                           "options": {"fitnet": {"stage": 0}}}, teacher={"checkpoint": str(teacher.run_dir)}))
+    assert _summary(fit_aug)["teacher_cache"]["status"] == "off"
     crd = distill(tiny(name="crd", kd={"method": "crd"}, teacher={"checkpoint": str(teacher.run_dir)}))
     assert _summary(crd)["teacher_cache"]["status"] == "computed"  # embedding taps are cached too
     fit = distill(tiny(name="fitnet", kd={"method": "fitnet", "options": {"fitnet": {"stage": 0}}},

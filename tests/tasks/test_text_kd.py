@@ -99,7 +99,8 @@ def test_text_student_distils_with_the_cache_and_without(tmp_path, sst2):
     root, teacher = sst2
     assert summary(teacher)["test_acc"] > 60  # the teacher learned the sentiment words (chance: 50)
     runs = {mode: distill(config(tmp_path, root, f"kd-{mode}", kd={"method": "kd", "alpha": 0.5},
-                                 teacher={"checkpoint": str(teacher.run_dir), "cache": mode}))
+                                 teacher={"checkpoint": str(teacher.run_dir), "cache": mode},
+                                 train={"epochs": 2, "progress": False, "precision": "fp32"}))
             for mode in ("auto", "off")}
     on, off = summary(runs["auto"]), summary(runs["off"])
     assert on["teacher_cache"]["status"] == "computed" and off["teacher_cache"]["status"] == "off"
@@ -154,7 +155,7 @@ def test_micro_batches_match_whole_batches_on_text(tmp_path, sst2):
     root, _ = sst2
     runs = [train_model(config(tmp_path, root, f"mb{m}", model={"name": "hf_text", "options": {
         "preset": "bert-tiny", "layers": 1, "dropout": 0.0}}, train={"epochs": 1, "progress": False,
-                                                                      "micro_batch": m}))
+                                                                      "micro_batch": m, "precision": "fp32"}))
             for m in (None, 5)]
     for a, b in zip(runs[0].model.state_dict().values(), runs[1].model.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=2e-5)

@@ -38,6 +38,7 @@ exactly the stream it would have alone (online and replay Pro-KD agree bit for b
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
 import time
@@ -50,6 +51,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from teachkit import distributed
+from teachkit.data.loader import BatchLoader
 from teachkit.engine.checkpoint import (
     Trajectory,
     describe_mismatch,
@@ -63,6 +66,7 @@ from teachkit.engine.checkpoint import (
     write_error,
 )
 from teachkit.engine.optim import OptimConfig, build_optimizer
+from teachkit.engine.precision import Compiled, PrecisionName, compile_errors, resolve_channels_last, resolve_precision
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
 from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
@@ -80,8 +84,12 @@ class LoopConfig(Options):
 
     epochs: int = option(10, ge=1)
     seed: int = 0
-    precision: Literal["fp32", "bf16"] = "fp32"
-    channels_last: bool = False
+    #: auto: bf16 autocast where the device runs it fast, else fp32 (teachkit.engine.precision)
+    precision: PrecisionName = "auto"
+    #: auto: on in bf16/fp16 (4-D weights and batches in NHWC layout)
+    channels_last: bool | Literal["auto"] = "auto"
+    #: torch.compile the student and the frozen teacher (eager fallback with a warning on failure)
+    compile: bool = False
     save_every: int = option(0, ge=0)
     tensorboard: bool = False
     progress: bool = True
@@ -94,6 +102,8 @@ class LoopConfig(Options):
     #: CPU: denormal floats read as zero during this run's epochs (pretrained Transformers fine-tune up to 4x
     #: faster on CPU, where denormals take a slow path; values below ~1e-38 become 0)
     flush_denormal: bool = False
+    #: multi-process runs on CUDA: BatchNorm statistics over the global batch (SyncBatchNorm); else per process
+    sync_batchnorm: bool = False
 
 
 @dataclass
@@ -131,15 +141,19 @@ class EpochHooks(Callback):
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a ConfigError otherwise."""
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda`` or ``cuda:N``; a ConfigError otherwise.
+    Under ``torchrun`` this joins the process group, and ``auto``/``cuda`` mean ``cuda:LOCAL_RANK``."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"train.device={name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"train.device={name!r} but CUDA is not available; use auto or cpu")
+    distributed.init_from_env(dev.type)
+    if dev.type == "cuda" and dev.index is None and distributed.launched():
+        dev = torch.device(f"cuda:{distributed.local_rank()}")
     return dev
 
 
@@ -148,7 +162,8 @@ def channels_last(model: nn.Module, enabled: bool) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if enabled else model
 
 
-def _batch_channels_last(t: Tensor) -> Tensor:
+def batch_channels_last(t: Tensor) -> Tensor:
+    """A 4-D batch in channels_last layout (other tensors unchanged)."""
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
 
 
@@ -196,6 +211,13 @@ class RandomStream:
             self.cuda = tensors["rng/cuda"]
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The random stream's seed of process ``rank`` > 0 of a multi-process run (rank 0 keeps ``seed``, so a
+    one-process run is unchanged): distinct dropout masks per process."""
+    digest = hashlib.blake2b(f"teachkit:rank:{seed}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def select_metric(evaluator: Evaluator, name: str | None) -> str:
     """The metric that selects the best checkpoint: ``name`` (``train.select_metric``) or the evaluator's
     primary one; a one-line ConfigError naming the task's metrics when it reports no such metric."""
@@ -236,8 +258,11 @@ class Trainer:
     def __init__(self, modules: nn.Module | Mapping[str, nn.Module], step_fn: StepFn, batches: BatchSource,
                  optim: OptimConfig, evaluator: Evaluator, run_dir: str | Path, *, loop: LoopConfig,
                  callbacks: Sequence[Callback] = (), meta: dict[str, Any] | None = None, resume: bool = False,
-                 desc: str = "train") -> None:
+                 desc: str = "train", frozen: Mapping[str, nn.Module] | None = None) -> None:
         self.modules = dict(modules) if isinstance(modules, Mapping) else {"model": modules}
+        #: modules the step uses but never trains (the frozen teacher): same layout and compilation, no
+        #: optimiser, no checkpoint, never wrapped for data parallelism
+        self.frozen = dict(frozen or {})
         if not self.modules:
             raise ValueError("Trainer needs at least one module")
         self.model = next(iter(self.modules.values()))
@@ -248,11 +273,29 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise write_error(self.run_dir, e) from None
-        remove_temporary_files(self.run_dir)  # left by a kill in the middle of an atomic write
+        #: data parallelism under torchrun: this process trains on its shard of every batch; rank 0 writes
+        self.world, self.rank = distributed.world_size(), distributed.rank()
+        self.main = self.rank == 0
+        if self.main:
+            remove_temporary_files(self.run_dir)  # left by a kill in the middle of an atomic write
         self.meta = dict(meta or {})
         self.device = next(self.model.parameters()).device
-        for module in self.modules.values():
-            channels_last(module, loop.channels_last)
+        self.precision = resolve_precision(loop.precision, self.device)
+        self.channels_last = resolve_channels_last(loop.channels_last, self.precision)
+        for module in [*self.modules.values(), *self.frozen.values()]:
+            channels_last(module, self.channels_last)
+        self.scaler = self.precision.scaler(self.device)
+        self._check_world(batches)
+        sync_bn = loop.sync_batchnorm and self.world > 1 and self.device.type == "cuda"
+        if sync_bn:
+            for name in list(self.modules):
+                self.modules[name] = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.modules[name])
+            self.model = next(iter(self.modules.values()))
+        self.compiled = Compiled()
+        if loop.compile:
+            self.compiled.add(next(iter(self.modules)), self.model)
+            for name, module in self.frozen.items():
+                self.compiled.add(name, module)
         self.params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optim)
         self.steps = len(batches)
@@ -261,9 +304,9 @@ class Trainer:
         self.maximise = mode == "max"
         ckpt_dir = self.run_dir / "checkpoints"
         self.last_path, self.best_path = ckpt_dir / "last.safetensors", ckpt_dir / "best.safetensors"
-        self.log = RunLog(self.run_dir, loop.tensorboard)
+        self.log = RunLog(self.run_dir, loop.tensorboard and self.main)
         self.trajectory = Trajectory(self.run_dir / "trajectory") if loop.save_every else None
-        self.rng = RandomStream(loop.seed, self.device)
+        self.rng = RandomStream(loop.seed if self.main else rank_seed(loop.seed, self.rank), self.device)
         self.history: list[dict[str, Any]] = []
         self.epoch = 0  # epochs completed
         self.best: dict[str, Any] = {"epoch": 0}
@@ -275,13 +318,29 @@ class Trainer:
         #: recipe facts for the current epoch (phase, teacher epoch, temperature...), set by callbacks in
         #: ``on_epoch_start``: shown on the epoch line and stored in its metrics record under ``info``
         self.epoch_info: dict[str, Any] = {}
+        if self.precision.warning:
+            self.warn(self.precision.warning)
+        if loop.sync_batchnorm and self.world > 1 and not sync_bn:
+            self.warn("train.sync_batchnorm needs CUDA (PyTorch's SyncBatchNorm has no CPU kernel); BatchNorm "
+                      "statistics stay per process")
         if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
             self._resume()
-        else:  # a fresh start forgets what an earlier attempt in this folder logged
+        elif self.main:  # a fresh start forgets what an earlier attempt in this folder logged
             self.log.reset()
             if self.trajectory is not None:
                 self.trajectory.truncate(-1)
         self.t_start = time.perf_counter()
+
+    def _check_world(self, batches: BatchSource) -> None:
+        """With several processes, each takes an equal share of every batch: ``data.batch_size`` must divide."""
+        size = batches.batch_size if isinstance(batches, BatchLoader) else None  # token batches vary anyway
+        if self.world == 1 or size is None or size % self.world == 0:
+            return
+        lower, upper = size // self.world * self.world, (size // self.world + 1) * self.world
+        options = " or ".join(str(v) for v in (lower, upper) if v > 0)
+        raise ConfigError(f"data.batch_size={size} does not divide among the {self.world} processes (world size "
+                          f"{self.world}): each takes an equal share of the global batch; use a multiple of "
+                          f"{self.world}, e.g. {options}")
 
     def _state_field(self, state: dict[str, Any], key: str, ok: Callable[[Any], bool], expected: str,
                      default: Any = ...) -> Any:
@@ -324,13 +383,26 @@ class Trainer:
         except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
             raise CheckpointError(f"cannot resume from {str(self.last_path)!r}: it does not fit this run's "
                                   f"{' + '.join(self.modules)} ({describe_mismatch(e)})") from None
+        if self.rank:
+            own = {k.replace(f"rng/rank{self.rank}/", "rng/"): v for k, v in tensors.items()
+                   if k.startswith(f"rng/rank{self.rank}/")}
+            if not own:
+                raise CheckpointError(f"cannot resume from {str(self.last_path)!r} with {self.world} processes: it "
+                                      f"holds no random state for process {self.rank} (it was made with fewer)")
+            tensors = {**tensors, **own}
         self.rng.load(tensors)
+        scaler = state.get("scaler")
+        if self.scaler is not None and isinstance(scaler, dict) and scaler:
+            self.scaler.load_state_dict(scaler)
         self.epoch, self.best, self.wall_before = epoch, best, float(wall)
         self.samples_seen, self.train_time = int(seen), float(train_time)
-        self.warnings = [str(w) for w in warnings]
-        self.history = self.log.repair(self.epoch, record)
-        if self.trajectory is not None:
-            self.trajectory.truncate(self.epoch)
+        self.warnings = [str(w) for w in dict.fromkeys([*(str(w) for w in warnings), *self.warnings])]
+        if self.main:
+            self.history = self.log.repair(self.epoch, record)
+            if self.trajectory is not None:
+                self.trajectory.truncate(self.epoch)
+        else:
+            self.history = [r for r in self.log.records() if r["epoch"] <= self.epoch]
 
     def warn(self, message: str) -> None:
         """Print ``warning: message`` on one line (stderr, also outside a terminal; not with
@@ -339,7 +411,7 @@ class Trainer:
         if message in self.warnings:
             return
         self.warnings.append(message)
-        if self.loop.progress:
+        if self.loop.progress and self.main:
             tqdm.write(f"warning: {self.desc}: {message}", file=sys.stderr)
 
     @property
@@ -393,28 +465,30 @@ class Trainer:
         loop, oc = self.loop, self.optim_cfg
         for module in self.modules.values():
             module.train()
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=loop.precision == "bf16")
         sums: dict[str, Tensor] = {}
         seen = 0
         lr = oc.lr
         t_epoch = time.perf_counter()
-        show = loop.progress and bars_visible()
+        show = loop.progress and bars_visible() and self.main
         bar = tqdm(self.batches.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{loop.epochs}",
                    disable=not show, leave=False, dynamic_ncols=True)
         for step, batch in enumerate(bar):
-            if loop.channels_last:
-                batch = batch.map_x(_batch_channels_last)
+            if self.channels_last and isinstance(batch.x, Tensor) and batch.x.dim() == 4:
+                batch = batch.map_x(batch_channels_last)
             progress = Progress(epoch, step, loop.epochs, self.steps)
             lr = oc.lr * lr_factor(oc, epoch, step, self.steps, loop.epochs)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             n = batch.size
             seen += n
-            chunks = batch.chunks(loop.micro_batch) if loop.micro_batch else [batch]
+            local = batch
+            if self.world > 1:  # this process's rows of the global batch (every process drew the same batch)
+                local = batch.rows(*distributed.shard_bounds(n, self.world, self.rank))
+            chunks = (local.chunks(loop.micro_batch) if loop.micro_batch else [local]) if local.size else []
             self.optimizer.zero_grad(set_to_none=True)
+            step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
             for chunk in chunks:
-                with autocast:
-                    out = self.step_fn(chunk, progress)
+                out = self._step(chunk, progress)
                 loss = sum(out.terms.values())
                 m = chunk.size
                 with torch.no_grad():
@@ -424,20 +498,40 @@ class Trainer:
                     extra = self.evaluator.train_metrics(out.outputs, chunk) if out.outputs is not None else {}
                     for k, v in {**extra, **out.metrics}.items():
                         sums[k] = sums.get(k, 0) + v.double()
+                if self.world > 1:  # one guard per step, after every process's chunks (below)
+                    step_loss += stats["loss"].double()
                 # the chunk's one host sync: the NaN guard (and the progress bar's running values)
-                if show:
+                elif show:
                     shown = [k for k in ("train_acc",) if k in sums]
                     host = torch.stack([stats["loss"].double(), sums["train.loss"],
                                         *(sums[k] for k in shown)]).tolist()
                     value = host[0]
                 else:
                     value = float(stats["loss"])
+                if self.world == 1 and not math.isfinite(value):
+                    raise self._nonfinite(value, epoch, step)
+                # chunks weigh by their share of the global batch's loss items; with several processes the
+                # gradient average over processes (x 1/world) is undone by the factor world
+                weighted = loss if len(chunks) == 1 and self.world == 1 else \
+                    loss * (chunk.items * self.world / batch.items)
+                (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
+            if self.world > 1:
+                value = float(distributed.all_reduce_sum(step_loss))
                 if not math.isfinite(value):
                     raise self._nonfinite(value, epoch, step)
-                (loss if len(chunks) == 1 else loss * (chunk.items / batch.items)).backward()
+                if show:
+                    shown = [k for k in ("train_acc",) if k in sums]
+                    host = [value, *torch.stack([sums["train.loss"], *(sums[k] for k in shown)]).tolist()]
+                self._average_gradients()
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # clipping sees the true gradients
             if oc.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.params, oc.grad_clip)
-            self.optimizer.step()
+            if self.scaler is None:
+                self.optimizer.step()
+            else:  # skips the step when a gradient overflowed, and adapts the scale
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
             if show:
                 post = {"loss": f"{host[1] / seen:.4f}"}
                 if shown:
@@ -449,7 +543,11 @@ class Trainer:
         self.train_time += epoch_time
         self.samples_seen += seen
         names = list(sums)
-        values = torch.stack(list(sums.values())).tolist() if names else []
+        values = distributed.all_reduce_sum(torch.stack(list(sums.values()))).tolist() if names else []
+        if self.world > 1:  # BatchNorm statistics as DistributedDataParallel keeps them: rank 0's
+            for module in self.modules.values():
+                for buffer in module.buffers():
+                    distributed.broadcast_(buffer)
         means = {k: v / max(1, seen) for k, v in zip(names, values, strict=True)}
         train = {k[len("train."):]: v for k, v in means.items() if k.startswith("train.")}
         train = {"loss": train.pop("loss"), **train} if "loss" in train else train
@@ -463,23 +561,82 @@ class Trainer:
         self.history.append(record)
         weights = self.weights()
         state = {**self.meta, "epoch": epoch + 1, **{f"{s}_{k}": v for s, m in results.items() for k, v in m.items()}}
-        if self._better(val.get(self.select_metric, float("nan"))):
+        better = self._better(val.get(self.select_metric, float("nan")))
+        if better:
             self.best = {"epoch": epoch + 1, "metric": self.select_metric, **results}
+        self.rng.capture()  # this trainer's stream as of now (inside its context)
+        rng = self._rng_tensors()
+        if self.main:
+            self._write_epoch(record, weights, state, better, rng)
+        distributed.barrier()  # the other processes read the run folder only once rank 0 has written it
+        return record
+
+    def _write_epoch(self, record: dict[str, Any], weights: dict[str, Tensor], state: dict[str, Any], better: bool,
+                     rng: dict[str, Tensor]) -> None:
+        loop, epoch, val = self.loop, record["epoch"] - 1, record.get("val", {})
+        if better:
             save_checkpoint(self.best_path, weights, state)
         if self.trajectory is not None and ((loop.save_every and (epoch + 1) % loop.save_every == 0)
                                             or epoch + 1 in self.extra_checkpoints):
             self.trajectory.add(epoch + 1, val, weights, state)
         opt_tensors, opt_struct = optimizer_to_flat(self.optimizer)
-        self.rng.capture()  # this trainer's stream as of now (inside its context)
         # the record goes into the checkpoint too: a kill before its metrics line is repaired on resume
-        save_checkpoint(self.last_path, {**weights, **opt_tensors, **self.rng.tensors()},
+        save_checkpoint(self.last_path, {**weights, **opt_tensors, **rng},
                         {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": self.wall_time,
                          "warnings": list(self.warnings), "samples_seen": self.samples_seen,
-                         "train_time_s": self.train_time, "record": record})
+                         "scaler": self.scaler.state_dict() if self.scaler is not None else {},
+                         "world_size": self.world, "train_time_s": self.train_time, "record": record})
         self.log.log(record)
         if loop.progress:
             tqdm.write(self._epoch_line(record))
-        return record
+
+    def _rng_tensors(self) -> dict[str, Tensor]:
+        """The random streams to checkpoint: this process's, and with several processes every process's
+        (``rng/rank<r>/...``), gathered to all (a collective: every process calls it)."""
+        own = self.rng.tensors()
+        if self.world == 1:
+            return own
+        out = dict(own)
+        for key, value in own.items():
+            every = distributed.all_gather_cat(value.unsqueeze(0))
+            for r in range(1, self.world):
+                out[key.replace("rng/", f"rng/rank{r}/", 1)] = every[r].cpu()
+        return out
+
+    def _average_gradients(self) -> None:
+        """Average the trainable parameters' gradients over the processes (one all-reduce per dtype and device,
+        as DistributedDataParallel's buckets do, after the backward); a parameter no process gave a gradient
+        keeps none, so the optimiser skips it as it would in one process."""
+        groups: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+        for p in self.params:
+            groups.setdefault((p.dtype, p.device), []).append(p)
+        for params in groups.values():
+            flags = torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype, device=params[0].device)
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+                             + [flags])
+            flat = distributed.all_reduce_sum(flat)
+            used = flat[-len(params):].tolist()  # one read per group
+            offset = 0
+            for i, p in enumerate(params):
+                size = p.numel()
+                if used[i] > 0:
+                    p.grad = (flat[offset:offset + size] / self.world).view_as(p).clone()
+                offset += size
+
+    def _step(self, chunk: Batch, progress: Progress) -> StepOutput:
+        """``step_fn`` under the run's autocast; a compile failure reverts the compiled models to eager mode
+        (one warning naming them) and retries the step."""
+        try:
+            with self.precision.autocast(self.device):
+                return self.step_fn(chunk, progress)
+        except compile_errors() as e:
+            if not self.compiled:
+                raise
+            names = self.compiled.revert()
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            self.warn(f"torch.compile failed for {', '.join(names)} ({first}); running eagerly")
+            with self.precision.autocast(self.device):
+                return self.step_fn(chunk, progress)
 
     def _better(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -549,21 +706,27 @@ class Trainer:
             **{k: v for split in ("val", "test") for k, v in flat_metrics(split, last.get(split, {})).items()},
             "wall_time_s": wall,
             "images_per_s": self.samples_seen / self.train_time if self.train_time else nan,
+            "precision": self.precision.name,
+            "channels_last": self.channels_last,
+            "compiled": list(self.compiled),
             **extra_summary,
         }
         if self.warnings:
             summary["warnings"] = list(self.warnings)
-        self.log.summary(summary)
+        if self.main:
+            self.log.summary(summary)
         self.log.close()
+        distributed.barrier()
         return FitResult(summary, self.history)
 
 
 def fit(modules: nn.Module | Mapping[str, nn.Module], step_fn: StepFn, batches: BatchSource, optim: OptimConfig,
         evaluator: Evaluator, run_dir: str | Path, *, loop: LoopConfig, callbacks: Sequence[Callback] = (),
-        meta: dict[str, Any] | None = None, resume: bool = False, desc: str = "train") -> FitResult:
+        meta: dict[str, Any] | None = None, resume: bool = False, desc: str = "train",
+        frozen: Mapping[str, nn.Module] | None = None) -> FitResult:
     """Train for ``loop.epochs`` epochs with :class:`Trainer` and return its summary and history."""
     trainer = Trainer(modules, step_fn, batches, optim, evaluator, run_dir, loop=loop, callbacks=callbacks, meta=meta,
-                      resume=resume, desc=desc)
+                      resume=resume, desc=desc, frozen=frozen)
     while not trainer.done:
         trainer.run_epoch()
     return trainer.finish()

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from teachkit import distributed
 from teachkit.errors import ConfigError
 from teachkit.losses.base import DistillLoss
 from teachkit.losses.registry import LOSSES
@@ -180,8 +181,11 @@ class CRD(DistillLoss):
 
     def _update(self, name: str, index: Tensor, v: Tensor) -> None:
         """Bank rows at ``index`` <- normalise(m * row + (1 - m) * v), out of place when a full-score
-        matmul saved the bank for backward (an in-place write would corrupt that graph)."""
+        matmul saved the bank for backward (an in-place write would corrupt that graph). Under torchrun every
+        process gathers all processes' ``index`` and ``v`` first, so the banks stay identical across processes."""
         memory = getattr(self, name)
+        if distributed.active():  # every process applies the global batch's rows, in rank order: one bank
+            index, v = distributed.all_gather_cat(index), distributed.all_gather_cat(v.detach())
         rows = F.normalize(memory[index] * self.nce_m + v.detach() * (1 - self.nce_m), p=2, dim=1)
         if self.full_scores:
             setattr(self, name, memory.index_copy(0, index, rows))

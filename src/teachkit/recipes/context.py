@@ -28,12 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from teachkit import distributed
 from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict, with_changes
 from teachkit.data import Splits, make_augment
 from teachkit.data.loader import make_batches
 from teachkit.data.raw import is_regression, is_tokens
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
 from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
+from teachkit.engine.precision import Precision, resolve_channels_last, resolve_precision
 from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError, WriteError
 from teachkit.models import ModelConfig, make_model
@@ -227,17 +229,20 @@ class RunContext:
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
             evaluator.check_model(make_model(cfg.model, splits.input_shape, splits.num_classes))
         text = dump_yaml(cfg)
-        created = _create(folder)
-        try:
-            if fresh:
-                remove_stale_outputs(folder)
-            remove_temporary_files(folder)
-            atomic_write(folder / "config.yaml", lambda tmp: Path(tmp).write_text(text))
-            for file, content in getattr(splits.train.x, "artifacts", {}).items():  # a vocabulary, BPE merges
-                atomic_write(folder / file, lambda tmp, c=content: Path(tmp).write_text(c, encoding="utf-8"))
-        except BaseException:
-            _remove_created(created)
-            raise
+        distributed.barrier()  # under torchrun: every process has checked the folder before rank 0 writes it
+        if distributed.is_main():
+            created = _create(folder)
+            try:
+                if fresh:
+                    remove_stale_outputs(folder)
+                remove_temporary_files(folder)
+                atomic_write(folder / "config.yaml", lambda tmp: Path(tmp).write_text(text))
+                for file, content in getattr(splits.train.x, "artifacts", {}).items():  # a vocabulary, BPE merges
+                    atomic_write(folder / file, lambda tmp, c=content: Path(tmp).write_text(c, encoding="utf-8"))
+            except BaseException:
+                _remove_created(created)
+                raise
+        distributed.barrier()
         return cls(cfg, folder, device, splits, resume)
 
     def child(self, name: str, cfg: RunConfig, splits: Splits | None = None) -> RunContext:
@@ -288,13 +293,23 @@ class RunContext:
     def loop(self, **changes: Any) -> LoopConfig:
         return self.cfg.train.loop(**changes)
 
+    @property
+    def precision(self) -> Precision:
+        """``train.precision`` resolved for the run's device (the engine resolves it the same way)."""
+        return resolve_precision(self.cfg.train.precision, self.device)
+
+    @property
+    def channels_last(self) -> bool:
+        """``train.channels_last`` resolved (``auto``: on in bf16/fp16), as the engine resolves it."""
+        return resolve_channels_last(self.cfg.train.channels_last, self.precision)
+
     def trainer(self, modules: nn.Module | Mapping[str, nn.Module], step: StepFn, *, meta: dict[str, Any],
                 callbacks: Sequence[Callback] = (), desc: str | None = None, optim: OptimConfig | None = None,
                 loop: LoopConfig | None = None, splits: Splits | None = None,
-                evaluator: Evaluator | None = None) -> Trainer:
+                evaluator: Evaluator | None = None, frozen: Mapping[str, nn.Module] | None = None) -> Trainer:
         """A :class:`Trainer` for this run: its batches, evaluator (the task's unless given), optimiser, loop
-        options and folder."""
+        options and folder; ``frozen`` names the modules the step runs without training them (the teacher)."""
         return Trainer(modules, step, self.batches(splits), optim or self.cfg.optim,
                        evaluator or self.evaluator(splits),
                        self.run_dir, loop=loop or self.loop(), callbacks=callbacks, meta=meta, resume=self.resume,
-                       desc=desc or self.cfg.name)
+                       desc=desc or self.cfg.name, frozen=frozen)

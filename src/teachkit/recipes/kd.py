@@ -96,15 +96,16 @@ def check_tokenizers(ctx: RunContext) -> None:
 
 def cached_teacher(ctx: RunContext, t_tap: Tapped, objective: DistillObjective) -> TeacherOutputs:
     """The frozen teacher's outputs for the student's batches: cached once when ``teacher.cache`` and the run
-    allow it (:mod:`teachkit.recipes.teacher_cache`), else computed per batch."""
+    allow it, per epoch for augmented views (:mod:`teachkit.recipes.teacher_cache`; the trainer takes
+    ``outputs.callbacks()``), else computed per batch."""
     transforms = any(type(m).transform_batch is not DistillLoss.transform_batch for m in objective.methods.values())
-    return run_teacher_outputs(ctx, t_tap, needs_of(ctx.cfg.kd.methods)[1], transforms)
+    return run_teacher_outputs(ctx, t_tap, needs_of(ctx.cfg.kd.methods)[1], transforms, views=True)
 
 
 def teacher_forward_cost(outputs: TeacherOutputs, trainer: Trainer) -> dict[str, int]:
     """Teacher forwards done this session and saved by the cache (the per-batch forwards it replaced)."""
-    saved = trainer.samples_seen if outputs.cached else 0
-    return {"teacher_forward_images": outputs.forwards, "teacher_forwards_saved": saved}
+    return {"teacher_forward_images": outputs.forwards,
+            "teacher_forwards_saved": outputs.forwards_saved(trainer.samples_seen)}
 
 
 def run_stage(ctx: RunContext, stage: TrainingStage) -> None:
@@ -159,7 +160,8 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "loss": teacher_state.get("loss"),
                        **{k: v for k, v in teacher_state.items() if k.startswith(("val_", "test_"))}}
     trainer = ctx.trainer({"model": student, "objective": objective}, step, meta=meta,
-                          callbacks=[FirstEpochCheck(cfg.kd.methods)])
+                          callbacks=[FirstEpochCheck(cfg.kd.methods), *outputs.callbacks()],
+                          frozen={"teacher": teacher})
     source.report(trainer)
     while not trainer.done:
         trainer.run_epoch()

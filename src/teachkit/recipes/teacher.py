@@ -177,7 +177,7 @@ class TeacherSource:
                 load_checkpoint(path, expect_sha256=sha)
         model, state = load_model(path, self.cfg.select, self.ctx.device)
         self._check(state, path)
-        frozen = FrozenTeacher(channels_last(model, self.ctx.cfg.train.channels_last))
+        frozen = FrozenTeacher(channels_last(model, self.ctx.channels_last))
         return self._renormalise(frozen, state), state
 
     def recorded(self) -> Trajectory:
@@ -239,11 +239,11 @@ class TeacherSource:
             assert trainer.trajectory is not None
             if 0 not in trainer.trajectory.epochs:
                 trainer.trajectory.add(0, {}, trainer.weights(), {**trainer.meta, "epoch": 0})
-            frozen = FrozenTeacher(channels_last(copy.deepcopy(model), ctx.cfg.train.channels_last))
+            frozen = FrozenTeacher(channels_last(copy.deepcopy(model), ctx.channels_last))
             return TeacherTrajectory(frozen, trainer.trajectory, tcfg.train.epochs, trainer)
         trajectory = self.recorded()  # validated and checked against the student's data
         model, state = load_model(trajectory.path(trajectory.epochs[-1]), device=ctx.device)
-        frozen = self._renormalise(FrozenTeacher(channels_last(model, ctx.cfg.train.channels_last)), state)
+        frozen = self._renormalise(FrozenTeacher(channels_last(model, ctx.channels_last)), state)
         return TeacherTrajectory(frozen, trajectory, max(trajectory.epochs))
 
 

@@ -3,16 +3,34 @@
 When the student's inputs for a sample do not change across epochs (no augmentation, no batch transform such
 as HSAKD's rotations: text classification and QA, tabular data, images without augmentation), a frozen
 teacher's outputs are a pure function of the sample. They are computed once, in eval mode and in batches of
-``data.eval_batch_size``, and every later epoch -- and every student run with the same teacher weights and
+``data.eval_batch_size``, under the run's autocast and memory layout (``train.precision``,
+``train.channels_last``), and every later epoch -- and every student run with the same teacher weights and
 the same transfer set (another KD method, seed, TAKD's student, ESKD's search, a Pro-KD replay stage) --
 reads them instead of running the teacher.
 
-The cache key is the sha256 of the teacher's weights (every tensor of its state dict, in order), of the
-transfer set's inputs, of the taps stored and of the storage dtype. Files live in ``out_dir/_cache/
-teacher_outputs/<key>.safetensors`` (written atomically; safetensors, nothing unpickled); each records its
-key and the digest of its contents, verified when read, and is never used when either differs (it is then
-recomputed and rewritten). Cached taps: ``logits`` and ``embedding`` (fixed size per sample); methods that
-read other teacher taps (feature maps, attention) run the teacher on each batch.
+The cache key is the sha256 of the teacher's weights (every tensor of its state dict and buffers, in order),
+of the transfer set's inputs, of the taps stored, of the storage dtype and of the resolved precision and
+layout. Files live in ``out_dir/_cache/teacher_outputs/<key>.safetensors`` (written atomically; safetensors,
+nothing unpickled); each records its key and the digest of its contents, verified when read, and is never used
+when either differs (it is then recomputed and rewritten). Cached taps: ``logits`` and ``embedding`` (fixed
+size per sample); methods that read other teacher taps (feature maps, attention) run the teacher on each batch.
+
+Augmented views (``data.augment`` on; FKD-style, :class:`ViewTeacherOutputs`): the view of a sample in epoch
+``e`` is a pure function of (``train.seed``, ``e``, ``data.batch_size``) (:meth:`~teachkit.data.BatchLoader.
+batches`), so the teacher's outputs for epoch ``e``'s views are too. The ``kd`` recipe keeps one table per
+epoch, rows indexed by sample position, filled lazily: a batch whose rows are all in epoch ``e``'s table reads
+them, any other batch runs the teacher exactly as an uncached step does (same tensor, same autocast) and its
+outputs are stored. An epoch whose table is complete is written to ``out_dir/_cache/teacher_views/<key>/
+epoch-<e>.safetensors`` (``e`` counts from 0, as the batch loader does) and read back when any run with the same
+key enters epoch ``e``: the first student run of a seed pays the teacher forwards, every later one (another KD
+method, a resumed run, a sweep over loss weights) reads them. The key covers everything that decides the views
+and the teacher's outputs: teacher weights, transfer-set inputs, ``train.seed``, ``data.batch_size``, the
+augmentation, ``train.micro_batch``, the resolved precision and layout, ``train.compile``, the device type, the
+taps, the storage dtype / top-k, the number of samples and, under data parallelism, the process's rank and the
+world size (each process's teacher sees its own share of every batch). Only the current epoch's table is in memory; a
+resumed run re-entering an epoch starts its table afresh. Per epoch on disk: samples x (classes [+ embedding
+width]) x bytes per value (CIFAR-100, 50k images, bf16 logits: 10 MB). Pro-KD's changing teacher does not use
+views (augmented inputs: per-batch forwards, as before).
 
 Translation (inputs that carry token-level targets, :class:`~teachkit.data.parallel.ParallelText`): the
 teacher's logits are one row per target token, so the cache is ragged -- every token of the transfer set in
@@ -20,39 +38,57 @@ row order, with each row's offset -- and a batch reads its rows' tokens in its p
 ``teacher.cache_topk=k`` only the k largest logits per token are kept (ids and values); a batch gets them back
 as dense logits with every other entry at -1e9, so the student distils from the teacher's top-k distribution
 renormalised: a biased estimate of the full distribution (the summary's ``teacher_cache.approximation`` says
-so). Without top-k the whole distribution is kept only while it fits :data:`FULL_LIMIT_BYTES`.
+so). Without top-k the whole distribution is kept only while it fits :data:`FULL_LIMIT_BYTES`. The view cache
+takes ``teacher.cache_topk`` for image logits the same way (an approximation, reported as such).
 
-Exactness: a teacher in eval mode gives each sample the same output whatever batch it is in when its
-kernels are batch-invariant (measured for the MLP/CNN zoo on CPU: bit-identical, so cached and uncached
-students are bit-identical). Transformer encoders with dynamic padding differ at float rounding (~3e-8 on
-MiniLM logits) between padded lengths, so their students agree to float tolerance, not bit for bit.
-``teacher.cache_dtype=float16`` halves the memory and disk cost and rounds the logits (not exact; reported).
+Exactness: the cache stores the teacher's outputs in their own dtype (bf16 logits under bf16 autocast) and
+hands them back in it. The view cache runs the teacher on the very batch an uncached step would, so a student
+with it is bit-identical to one without (``teacher.cache=off``). The static cache runs the teacher on batches
+of ``data.eval_batch_size``; a teacher in eval mode gives each sample the same output whatever batch it is in
+when its kernels are batch-invariant (measured for the MLP/CNN zoo on CPU, fp32 and bf16 autocast: bit-identical,
+so cached and uncached students are bit-identical). Transformer encoders with dynamic padding differ at float rounding
+(~3e-8 on MiniLM logits) between padded lengths, so their students agree to float tolerance, not bit for bit.
+``teacher.cache_dtype=float16`` halves the memory and disk cost and rounds the outputs (not exact; reported).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
-from teachkit.data import make_augment
+from teachkit.data import Augment, make_augment
 from teachkit.data.base import TensorSplit
-from teachkit.engine.checkpoint import CheckpointError, content_digest, load_checkpoint, save_checkpoint
+from teachkit.engine import Callback
+from teachkit.engine.checkpoint import (
+    DIGEST_KEY,
+    CheckpointError,
+    content_digest,
+    load_checkpoint,
+    save_checkpoint,
+)
 from teachkit.errors import WriteError
 from teachkit.models import Tapped
 from teachkit.recipes.context import RunContext
 from teachkit.types import Batch, Taps, num_rows
+
+if TYPE_CHECKING:
+    from teachkit.engine.precision import Precision
 
 #: taps a cache can hold: one fixed-size tensor per sample
 CACHEABLE = ("logits", "embedding")
 #: taps a token-level (translation) cache can hold
 TOKEN_CACHEABLE = ("logits",)
 FOLDER = Path("_cache") / "teacher_outputs"
+#: augmented views: one folder per key, one file per epoch
+VIEWS_FOLDER = Path("_cache") / "teacher_views"
 #: the largest whole-distribution token cache (bytes); above it ``teacher.cache_topk`` is needed
 FULL_LIMIT_BYTES = 2 * 1024**3
 #: the logit of tokens outside a cached top-k (its probability underflows to exactly 0 at temperatures up to 1e6)
@@ -65,8 +101,11 @@ def inputs_digest(x: Any) -> str:
 
 
 def weights_digest(model: nn.Module) -> str:
-    """sha256 of a model's state dict (parameters and buffers)."""
-    return content_digest("", model.state_dict())
+    """sha256 of a model's state dict (parameters and buffers) and of its non-persistent buffers (a frozen
+    teacher's input re-normalisation)."""
+    tensors = dict(model.state_dict())
+    tensors.update({f"(buffer) {n}": b for n, b in model.named_buffers() if n not in tensors})
+    return content_digest("", tensors)
 
 
 def _padded(t: Tensor, length: int) -> Tensor:
@@ -75,6 +114,21 @@ def _padded(t: Tensor, length: int) -> Tensor:
         return t
     pad = [0, 0] * (t.dim() - 2) + [0, length - int(t.shape[1])]
     return torch.nn.functional.pad(t, pad)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _precision_name(precision: Precision | None) -> str:
+    return precision.name if precision is not None else "fp32"
+
+
+def _teacher_input(x: Any, channels_last: bool) -> Any:
+    """A batch as the engine hands it to a step: 4-D images in channels_last layout when the run uses it."""
+    if channels_last and isinstance(x, Tensor) and x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
 
 
 @dataclass
@@ -109,6 +163,14 @@ class TeacherOutputs:
     def cached(self) -> bool:
         return bool(self.cache)
 
+    def forwards_saved(self, samples_seen: int) -> int:
+        """The per-sample teacher forwards the cache replaced, given the samples the student has seen."""
+        return samples_seen if self.cached else 0
+
+    def callbacks(self) -> list[Callback]:
+        """Engine callbacks the cache needs (the view cache's epoch hooks); none for this one."""
+        return []
+
     def report(self) -> dict[str, Any]:
         """What the run summary records about the cache."""
         info: dict[str, Any] = {"status": self.status}
@@ -116,7 +178,7 @@ class TeacherOutputs:
             info["why"] = self.why
         if self.cache:
             info["taps"] = sorted(self.cache)
-            info["dtype"] = str(self.dtype).replace("torch.", "")
+            info["dtype"] = _dtype_name(self.dtype)
             info["bytes"] = int(sum(t.numel() * t.element_size() for t in self.cache.values()))
             if self.path is not None:
                 info["file"] = str(self.path)
@@ -149,7 +211,8 @@ class TokenTeacherOutputs(TeacherOutputs):
             return self.teacher(batch.x)
         flat = token_positions(self.offsets, batch.index.to(self.offsets.device))
         if not self.topk:
-            return Taps(self.cache["logits"][flat].float())
+            logits = self.cache["logits"][flat]
+            return Taps(logits.float() if logits.dtype == torch.float16 else logits)
         values, ids = self.cache["values"][flat].float(), self.cache["ids"][flat].long()
         dense = values.new_full((values.shape[0], self.vocab_size), OUTSIDE_TOP_K)
         return Taps(dense.scatter_(1, ids, values))
@@ -168,19 +231,30 @@ class TokenTeacherOutputs(TeacherOutputs):
 
 @torch.no_grad()
 def compute_token_outputs(teacher: Tapped, x: Any, batch_size: int, topk: int,
-                          dtype: torch.dtype) -> dict[str, Tensor]:
+                          dtype: torch.dtype | None, precision: Precision | None = None) -> dict[str, Tensor]:
     """The teacher's per-token logits for every row of ``x`` (parallel text), rows in order, each row's tokens in
-    order: ``logits`` (tokens, V), or its ``topk`` largest as ``values`` (tokens, k) and ``ids`` int32."""
+    order: ``logits`` (tokens, V), or its ``topk`` largest as ``values`` (tokens, k) and ``ids`` int32; under
+    ``precision``'s autocast, stored in ``dtype`` (None: the teacher's own output dtype)."""
     parts: dict[str, list[Tensor]] = {}
+    device = _device_of(teacher)
     for start in range(0, x.shape[0], batch_size):
-        logits = teacher(x[start:start + batch_size]).logits.detach()
+        with precision.autocast(device) if precision is not None else contextlib.nullcontext():
+            logits = teacher(x[start:start + batch_size]).logits.detach()
         if topk:
             values, ids = logits.float().topk(min(topk, logits.shape[1]), dim=1)
-            parts.setdefault("values", []).append(values.to(dtype))
+            parts.setdefault("values", []).append(values.to(dtype or logits.dtype))
             parts.setdefault("ids", []).append(ids.to(torch.int32))
         else:
-            parts.setdefault("logits", []).append(logits.to(dtype))
+            parts.setdefault("logits", []).append(logits.to(dtype or logits.dtype))
     return {n: torch.cat(v) for n, v in parts.items()}
+
+
+def _device_of(teacher: nn.Module) -> torch.device:
+    for t in teacher.parameters():
+        return t.device
+    for t in teacher.buffers():
+        return t.device
+    return torch.device("cpu")
 
 
 def _token_length(x: Any) -> int | None:
@@ -207,13 +281,18 @@ def reason_not_cacheable(mode: str, needs: Iterable[str], augmented: bool, trans
 
 @torch.no_grad()
 def compute_outputs(teacher: Tapped, split: TensorSplit, names: tuple[str, ...], batch_size: int,
-                    dtype: torch.dtype) -> dict[str, Tensor]:
-    """The teacher's ``names`` taps for every sample of ``split``, in order (eval mode, batches of ``batch_size``;
-    token-level outputs zero-padded to the split's padded length)."""
+                    dtype: torch.dtype | None, precision: Precision | None = None,
+                    channels_last: bool = False) -> dict[str, Tensor]:
+    """The teacher's ``names`` taps for every sample of ``split``, in order (eval mode, batches of ``batch_size``
+    under ``precision``'s autocast, 4-D inputs in channels_last layout when ``channels_last``, as the engine runs a
+    step; token-level outputs zero-padded to the split's padded length), stored in ``dtype`` (None: the teacher's
+    own output dtype)."""
     full = None if isinstance(split.x, Tensor) else int(split.x.shape[1])
     parts: dict[str, list[Tensor]] = {n: [] for n in names}
+    device = _device_of(teacher)
     for start in range(0, len(split), batch_size):
-        taps = teacher(split.x[start:start + batch_size])
+        with precision.autocast(device) if precision is not None else contextlib.nullcontext():
+            taps = teacher(_teacher_input(split.x[start:start + batch_size], channels_last))
         for n in names:
             value = taps.get(n)
             if not isinstance(value, Tensor):
@@ -221,17 +300,20 @@ def compute_outputs(teacher: Tapped, split: TensorSplit, names: tuple[str, ...],
             value = value.detach()
             if full is not None and value.dim() >= 3:
                 value = _padded(value, full)
-            parts[n].append(value.to(dtype))
+            parts[n].append(value.to(dtype or value.dtype).contiguous())
     return {n: torch.cat(v) for n, v in parts.items()}
 
 
 def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str], mode: str, augmented: bool,
                     transforms: bool, out_dir: Path, batch_size: int, dtype: str = "float32",
-                    topk: int = 0, vocab_size: int = 0) -> TeacherOutputs:
+                    topk: int = 0, vocab_size: int = 0, precision: Precision | None = None,
+                    channels_last: bool = False) -> TeacherOutputs:
     """The teacher's outputs for the transfer set ``split``: cached (read from ``out_dir/_cache`` when a file
     with the same key verifies, else computed once and written) when the run allows it, else per batch.
-    Translation inputs get the ragged token-level cache (``topk``, ``vocab_size``: module docstring)."""
-    store = torch.float16 if dtype == "float16" else torch.float32
+    Translation inputs get the ragged token-level cache (``topk``, ``vocab_size``: module docstring). The
+    teacher runs under ``precision``'s autocast (None: as called) and, with ``channels_last``, on 4-D inputs in
+    that layout; ``dtype`` ``float32`` keeps its outputs' own dtype exactly, ``float16`` rounds them."""
+    store = torch.float16 if dtype == "float16" else None  # None: the teacher's own dtype (exact)
     tokens = hasattr(split.x, "token_targets")
     why = reason_not_cacheable(mode, needs, augmented, transforms, TOKEN_CACHEABLE if tokens else CACHEABLE)
     if not why and tokens and not topk:
@@ -243,8 +325,11 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
     if why:
         return made(teacher, status="off", why=why)
     names = ("values", "ids") if tokens and topk else tuple(n for n in CACHEABLE if n in set(needs))
+    layout = channels_last and isinstance(split.x, Tensor) and split.x.dim() == 4
     key = hashlib.sha256("|".join([weights_digest(teacher.model), inputs_digest(split.x), ",".join(names),
-                                   str(store), str(len(split)), f"topk={topk}" if tokens else ""]).encode()).hexdigest()
+                                   "float16" if store is not None else "exact", str(len(split)),
+                                   f"topk={topk}" if tokens else "", f"precision={_precision_name(precision)}",
+                                   f"channels_last={layout}"]).encode()).hexdigest()
     path = Path(out_dir) / FOLDER / f"{key}.safetensors"
     device = split.y.device
     extra: dict[str, Any] = {}
@@ -256,13 +341,13 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
             tensors, state = load_checkpoint(path)
             if state.get("key") == key and sorted(tensors) == sorted(names):  # content digest verified on load
                 return made(teacher, {n: t.to(device) for n, t in tensors.items()}, "loaded", path=path,
-                            dtype=store, **extra)
+                            dtype=tensors[names[0]].dtype, **extra)
         except CheckpointError:
             pass  # unreadable or tampered: recomputed and rewritten below
-    cache = compute_token_outputs(teacher, split.x, batch_size, topk, store) if tokens else \
-        compute_outputs(teacher, split, names, batch_size, store)
+    cache = compute_token_outputs(teacher, split.x, batch_size, topk, store, precision) if tokens else \
+        compute_outputs(teacher, split, names, batch_size, store, precision, layout)
     result = made(teacher, {n: t.to(device) for n, t in cache.items()}, "computed", path=path,
-                  forwards=len(split), dtype=store, **extra)
+                  forwards=len(split), dtype=cache[names[0]].dtype, **extra)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cpu = {n: t.cpu().contiguous() for n, t in cache.items()}
@@ -273,13 +358,290 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
     return result
 
 
+def _has_digest(path: Path) -> bool:
+    """Whether the safetensors file ``path`` records a content digest (that :func:`load_checkpoint` verifies)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return DIGEST_KEY in (f.metadata() or {})
+    except (SafetensorError, OSError, ValueError):
+        return False
+
+
+class ViewEpochs(Callback):
+    """The engine's epoch hooks of a :class:`ViewTeacherOutputs`: load (or start) an epoch's table, write it."""
+
+    def __init__(self, outputs: ViewTeacherOutputs) -> None:
+        self.outputs = outputs
+
+    def on_epoch_start(self, trainer: Any, epoch: int) -> None:
+        self.outputs.start_epoch(epoch)
+
+    def on_epoch_end(self, trainer: Any, record: dict[str, Any]) -> None:
+        self.outputs.end_epoch(int(record.get("epoch", trainer.epoch)) - 1)
+
+
+@dataclass
+class ViewTeacherOutputs(TeacherOutputs):
+    """The teacher's outputs for augmented views, one table per epoch (module docstring): rows by sample position
+    (``batch.index``), filled lazily, written to ``folder/epoch-<e>.safetensors`` when the epoch ends complete
+    and read back by any run with the same ``key``. ``names``: the taps stored; ``topk``: image logits kept as
+    their k largest (ids and values); ``half``: float16 storage. Needs :meth:`callbacks` in the trainer."""
+
+    key: str = ""
+    folder: Path | None = None
+    names: tuple[str, ...] = ("logits",)
+    samples: int = 0
+    topk: int = 0
+    half: bool = False
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: samples read from a table instead of running the teacher (this session)
+    reads: int = 0
+    epoch: int | None = None
+    table: dict[str, Tensor] = field(default_factory=dict)
+    filled: Tensor | None = None
+    visited: Tensor | None = None
+    #: the table holds every sample (read from a complete file): batches read it without a check
+    complete: bool = False
+    #: the table holds some samples (a file written by a loader that skipped some): each batch is checked
+    partial: bool = False
+    #: the teacher ran in this epoch: its table is written at the epoch's end
+    ran: bool = False
+    classes: int = 0
+    epochs_loaded: int = 0
+    epochs_computed: int = 0
+    files_written: int = 0
+    rejected: int = 0
+    memory_bytes: int = 0
+
+    @property
+    def cached(self) -> bool:
+        return True
+
+    @property
+    def exact(self) -> bool:
+        """Whether a batch gets the teacher's outputs unchanged (no float16 rounding, no top-k)."""
+        return not (self.half or self.topk)
+
+    @property
+    def stored(self) -> tuple[str, ...]:
+        """The tables of an epoch file (besides ``filled``)."""
+        return tuple(x for n in self.names for x in (("values", "ids") if n == "logits" and self.topk else (n,)))
+
+    def forwards_saved(self, samples_seen: int) -> int:
+        return self.reads
+
+    def callbacks(self) -> list[Callback]:
+        return [ViewEpochs(self)]
+
+    def epoch_path(self, epoch: int) -> Path | None:
+        return None if self.folder is None else self.folder / f"epoch-{epoch}.safetensors"
+
+    # -- epochs ------------------------------------------------------------------------------------------------
+
+    def start_epoch(self, epoch: int) -> None:
+        """Enter ``epoch``: its table from a verified file when there is one, else an empty one (a partially
+        filled table of an interrupted attempt is discarded)."""
+        self.epoch, self.table, self.ran = epoch, {}, False
+        self.complete = self.partial = False
+        self.filled = torch.zeros(self.samples, dtype=torch.bool, device=self.device)
+        self.visited = torch.zeros(self.samples, dtype=torch.bool, device=self.device)
+        loaded = self._load(epoch)
+        if loaded is None:
+            return
+        filled = loaded.pop("filled")
+        self.table = {n: t.to(self.device) for n, t in loaded.items()}
+        self.filled = filled.to(self.device)
+        self.complete = bool(filled.all())
+        self.partial = not self.complete and bool(filled.any())
+        self.epochs_loaded += 1
+        self._note_memory()
+
+    def _load(self, epoch: int) -> dict[str, Tensor] | None:
+        """Epoch ``epoch``'s tables when its file exists and verifies (content digest, key, epoch, shapes)."""
+        path = self.epoch_path(epoch)
+        if path is None or not path.is_file():
+            return None
+        try:
+            if not _has_digest(path):
+                raise CheckpointError("no content digest")
+            tensors, state = load_checkpoint(path)  # content digest verified
+        except CheckpointError:
+            self.rejected += 1
+            return None
+        expected = {*self.stored, "filled"}
+        filled = tensors.get("filled")
+        ok = (state.get("key") == self.key and state.get("epoch") == epoch and set(tensors) == expected
+              and isinstance(filled, Tensor) and filled.dtype == torch.bool and tuple(filled.shape) == (self.samples,)
+              and all(tensors[n].dim() >= 1 and tensors[n].shape[0] == self.samples for n in self.stored))
+        if ok and self.topk:
+            ok = isinstance(state.get("classes"), int) and state["classes"] > 0
+            self.classes = int(state["classes"]) if ok else self.classes
+        if not ok:
+            self.rejected += 1
+            return None
+        self.dtype = tensors[self.stored[0]].dtype
+        return tensors
+
+    def end_epoch(self, epoch: int) -> None:
+        """Leave ``epoch``: write its table when the teacher ran in it and every sample it visited is filled;
+        only the current epoch's table is ever held."""
+        if self.epoch != epoch:
+            return
+        assert self.filled is not None and self.visited is not None
+        complete = bool(self.visited.any()) and bool(self.filled[self.visited].all())
+        path = self.epoch_path(epoch)
+        if self.ran:
+            self.epochs_computed += 1
+            if complete and path is not None:
+                state = {"key": self.key, "epoch": epoch, "samples": self.samples, "taps": list(self.names),
+                         **({"classes": self.classes, "topk": self.topk} if self.topk else {})}
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    save_checkpoint(path, {**self.table, "filled": self.filled}, state)
+                    self.files_written += 1
+                except (OSError, WriteError) as e:  # an optimisation: a run never fails because it cannot write
+                    self.why = f"epoch {epoch}'s views not written to disk ({e})"
+        self.epoch, self.table, self.filled, self.visited = None, {}, None, None
+
+    # -- batches -----------------------------------------------------------------------------------------------
+
+    def __call__(self, batch: Batch) -> Taps:
+        n = num_rows(batch.x)
+        if self.epoch is None or self.filled is None or self.visited is None:  # outside the engine's epochs
+            self.forwards += n
+            return self.teacher(batch.x)
+        index = batch.index.to(self.device)
+        if self.complete or (self.partial and bool(self.filled[index].all())):
+            self.reads += n
+            self.visited[index] = True
+            return self._rows(index)
+        taps = self.teacher(batch.x)  # exactly the uncached step's forward (same tensor, same autocast)
+        self.forwards += n
+        self._store(index, taps)
+        self.visited[index] = True
+        self.filled[index] = True
+        self.ran = True
+        return Taps(taps.logits, taps.embedding) if self.exact else self._rows(index)
+
+    def _store(self, index: Tensor, taps: Taps) -> None:
+        values: dict[str, Tensor] = {}
+        for name in self.names:
+            value = taps.get(name)
+            if not isinstance(value, Tensor):
+                raise CheckpointError(f"teacher tap {name!r} is not a tensor; run with teacher.cache=off")
+            value = value.detach()
+            if name == "logits" and self.topk:
+                self.classes = int(value.shape[1])
+                top, ids = value.topk(min(self.topk, self.classes), dim=1)
+                values["values"] = top
+                values["ids"] = ids.to(torch.int16 if self.classes <= torch.iinfo(torch.int16).max else torch.int32)
+            else:
+                values[name] = value
+        for name, value in values.items():
+            if self.half and value.is_floating_point():
+                value = value.to(torch.float16)
+            table = self.table.get(name)
+            if table is None or table.shape[1:] != value.shape[1:] or table.dtype != value.dtype:
+                table = self.table[name] = torch.zeros((self.samples, *value.shape[1:]), dtype=value.dtype,
+                                                       device=self.device)
+                if name in ("logits", "values", "embedding"):
+                    self.dtype = value.dtype
+                self._note_memory()
+            table[index] = value.to(self.device)
+
+    def _rows(self, index: Tensor) -> Taps:
+        out: dict[str, Tensor] = {}
+        for name in self.names:
+            if name == "logits" and self.topk:
+                values, ids = self.table["values"][index].float(), self.table["ids"][index].long()
+                out[name] = values.new_full((values.shape[0], self.classes), OUTSIDE_TOP_K).scatter_(1, ids, values)
+            else:
+                rows = self.table[name][index]
+                out[name] = rows.float() if self.half else rows
+        return Taps(out["logits"], out.get("embedding"))
+
+    def _note_memory(self) -> None:
+        size = sum(t.numel() * t.element_size() for t in self.table.values()) + self.samples * 2  # + two masks
+        self.memory_bytes = max(self.memory_bytes, int(size))
+
+    # -- summary -----------------------------------------------------------------------------------------------
+
+    def report(self) -> dict[str, Any]:
+        files = sorted(self.folder.glob("epoch-*.safetensors")) if self.folder is not None and \
+            self.folder.is_dir() else []
+        info: dict[str, Any] = {"status": "views"}
+        if self.why:
+            info["why"] = self.why
+        info.update({"taps": list(self.names), "dtype": _dtype_name(self.dtype), "exact": self.exact,
+                     "key": self.key, "folder": str(self.folder) if self.folder is not None else None,
+                     "epochs_loaded": self.epochs_loaded, "epochs_computed": self.epochs_computed,
+                     "files_written": self.files_written, "files": len(files),
+                     "bytes_on_disk": int(sum(f.stat().st_size for f in files if f.is_file())),
+                     "bytes_in_memory": self.memory_bytes})
+        if self.rejected:
+            info["rejected"] = self.rejected  # files that did not verify: recomputed and rewritten
+        approximations = []
+        if self.topk:
+            info["topk"] = self.topk
+            approximations.append(f"top-{self.topk}: the teacher's {self.topk} largest logits per view, renormalised "
+                                  "over them; a biased estimate of the full distribution")
+        if self.half:
+            approximations.append("float16 storage: the teacher's outputs rounded to float16")
+        if approximations:
+            info["approximation"] = "; ".join(approximations)
+        return info
+
+
+def _process() -> str:
+    """This process's place in a data-parallel run (each process's teacher sees its own share of every batch)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return f"{dist.get_rank()}/{dist.get_world_size()}"
+    return "0/1"
+
+
+def view_outputs(teacher: Tapped, split: TensorSplit, *, names: tuple[str, ...], augment: Augment, seed: int,
+                 batch_size: int, out_dir: Path | None, micro_batch: int | None = None,
+                 precision: Precision | None = None, channels_last: bool = False, dtype: str = "float32",
+                 topk: int = 0, compile: bool = False) -> ViewTeacherOutputs:
+    """The view cache (:class:`ViewTeacherOutputs`) for training batches of ``split`` augmented by ``augment``
+    with ``seed`` and ``batch_size`` (module docstring); files under ``out_dir`` (None: memory only)."""
+    device = split.y.device
+    half = dtype == "float16"
+    layout = channels_last and isinstance(split.x, Tensor) and split.x.dim() == 4
+    parts = ["teachkit-views-v1", f"teacher={weights_digest(teacher.model)}", f"inputs={inputs_digest(split.x)}",
+             f"seed={seed}", f"batch_size={batch_size}", f"augment={augment!r}", f"micro_batch={micro_batch}",
+             f"precision={_precision_name(precision)}", f"channels_last={layout}", f"taps={','.join(names)}",
+             f"store={'float16' if half else 'exact'}", f"topk={topk}", f"samples={len(split)}",
+             f"device={device.type}", f"compile={bool(compile)}", f"process={_process()}"]
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()
+    folder = None if out_dir is None else Path(out_dir) / VIEWS_FOLDER / key
+    return ViewTeacherOutputs(teacher, status="views", key=key, folder=folder, names=names, samples=len(split),
+                              topk=topk, half=half, device=device, dtype=torch.float16 if half else torch.float32)
+
+
 def run_teacher_outputs(ctx: RunContext, teacher: Tapped, needs: Iterable[str],
-                        transforms: bool = False) -> TeacherOutputs:
+                        transforms: bool = False, views: bool = False) -> TeacherOutputs:
     """:func:`teacher_outputs` for the run ``ctx``: its transfer set, ``teacher.cache`` / ``cache_dtype``,
-    ``out_dir``, ``data.eval_batch_size``, and whether ``data.augment`` changes the inputs every epoch."""
+    ``out_dir``, ``data.eval_batch_size``, the run's precision and layout, and whether ``data.augment`` changes the
+    inputs every epoch. With ``views`` (a frozen teacher whose trainer takes :meth:`TeacherOutputs.callbacks`),
+    augmented inputs get the per-epoch view cache (:func:`view_outputs`) instead of none."""
     cfg = ctx.cfg
-    return teacher_outputs(teacher, ctx.splits.train, needs=needs, mode=cfg.teacher.cache,
-                           augmented=make_augment(cfg.data.augment, ctx.splits) is not None, transforms=transforms,
+    augment = make_augment(cfg.data.augment, ctx.splits)
+    split = ctx.splits.train
+    needs = set(needs)
+    if views and augment is not None and isinstance(split.x, Tensor) and \
+            not reason_not_cacheable(cfg.teacher.cache, needs, False, transforms):
+        return view_outputs(teacher, split, names=("logits", *(["embedding"] if "embedding" in needs else [])),
+                            augment=augment,
+                            seed=cfg.train.seed, batch_size=cfg.data.batch_size, out_dir=Path(cfg.out_dir),
+                            micro_batch=cfg.train.micro_batch, precision=ctx.precision,
+                            channels_last=ctx.channels_last, dtype=cfg.teacher.cache_dtype,
+                            topk=cfg.teacher.cache_topk, compile=bool(getattr(cfg.train, "compile", False)))
+    return teacher_outputs(teacher, split, needs=needs, mode=cfg.teacher.cache,
+                           augmented=augment is not None, transforms=transforms,
                            out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
                            dtype=cfg.teacher.cache_dtype, topk=cfg.teacher.cache_topk,
-                           vocab_size=ctx.splits.num_classes)
+                           vocab_size=ctx.splits.num_classes, precision=ctx.precision,
+                           channels_last=ctx.channels_last)

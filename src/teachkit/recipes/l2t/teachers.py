@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from teachkit.engine.checkpoint import load_checkpoint, prefixed, save_checkpoint, strip
 from teachkit.errors import CheckpointError, ConfigError
+from teachkit.types import upcast
 
 TEACHER_MODELS = ("static", "gated")
 
@@ -80,9 +81,10 @@ class GatedTeacher(LossTeacher):
         return {**super().config(), "hidden": self.hidden, "rank": self.rank}
 
     def forward(self, states: Tensor) -> tuple[Tensor, Tensor]:
-        z = self.h(states)  # (T, rank) or (rank,)
-        W = self.W + torch.tensordot(z, self.W2, dims=1)
-        b = self.b + torch.tensordot(z, self.B2, dims=1)
+        with torch.autocast(states.device.type, enabled=False):  # the loss's parameters: fp32 under any autocast
+            z = self.h(upcast(states))  # (T, rank) or (rank,)
+            W = self.W + torch.tensordot(z, self.W2, dims=1)
+            b = self.b + torch.tensordot(z, self.B2, dims=1)
         return W, b
 
 
