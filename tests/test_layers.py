@@ -1,7 +1,7 @@
 """The package's layers never import upwards: parsed from every import statement of every module (including
 imports inside functions), not from what happens to be loaded at run time.
 
-    errors < registry < options, types < data < models < losses < engine < tasks < config < recipes
+    errors < registry < options, types, distributed < data < models < losses < engine < tasks < config < recipes
     < experiments < cli, api
 
 (the package root ``teachkit/__init__.py`` sits above everything: importing ``teachkit`` registers it all).

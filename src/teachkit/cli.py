@@ -191,6 +191,7 @@ def _say(args: argparse.Namespace, text: str) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from teachkit import distributed
     from teachkit.config import load_config, with_changes
     from teachkit.recipes import RECIPES
     from teachkit.registry import import_plugins
@@ -198,10 +199,13 @@ def _train(args: argparse.Namespace) -> int:
     plugins = import_plugins(plugin_names(args.plugin))
     cfg = load_config(args.config, args.overrides, plugins=plugins, resume=args.resume)
     recipe = RECIPES.get({"train": "train", "distill": "kd"}.get(args.command) or args.recipe)
-    if args.quiet:
+    main = distributed.is_main()  # under torchrun, rank 0 alone prints
+    if args.quiet or not main:
         cfg = with_changes(cfg, train={"progress": False})
     result = recipe(cfg, resume=args.resume)
     s = result.summary
+    if not main:
+        return 0
     print(summary_line(args.command, result))
     if "test_acc_omitted" in s and not args.quiet:
         print(f"zero/few-shot: test accuracy on omitted classes {s['test_acc_omitted']:.2f}%, "

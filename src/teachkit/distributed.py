@@ -39,8 +39,14 @@ def rank() -> int:
 
 
 def is_main() -> bool:
-    """Whether this process writes the run folder and prints (rank 0, or the only process)."""
-    return rank() == 0
+    """Whether this process writes the run folder and prints (rank 0, or the only process); before the process
+    group is joined, the launcher's ``RANK`` says."""
+    if active():
+        return rank() == 0
+    try:
+        return int(os.environ.get("RANK", "0")) == 0 or not launched()
+    except ValueError:
+        return True
 
 
 def local_rank() -> int:

@@ -116,3 +116,48 @@ def test_a_batch_that_does_not_divide_among_processes_is_one_line(tmp_path):
     assert proc.returncode != 0
     assert "data.batch_size=33 does not divide among the 2 processes" in proc.stderr
     assert "e.g. 32 or 34" in proc.stderr
+
+
+def nmt_config(tmp) -> dict:
+    from tests.tasks.test_translation import nmt_config as base
+
+    cfg = base(tmp)
+    cfg["train"] = {**cfg["train"], "precision": "fp32"}
+    for part in (cfg["model"], cfg["teacher"]["model"]):  # dropout masks come from each process's own stream
+        part["options"] = {**part["options"], "dropout": 0.0}
+    return cfg
+
+
+@pytest.mark.parametrize("case", ["prokd-online", "translation-kd"])
+def test_other_recipes_and_token_batches_equal_one_process(tmp_path, case):
+    """Pro-KD online interleaves a teacher's and a student's trainer; translation batches hold a varying number
+    of sentences, split unevenly and weighted by target tokens."""
+    if case == "prokd-online":
+        cfg = tiny_config(tmp_path, data={"batch_size": 32, "options": {"shape": [1, 8, 8], "num_classes": 4,
+                                                                          "n_train": 256, "n_test": 80}},
+                          train={"epochs": 3, "progress": False, "precision": "fp32"},
+                          prokd={"mode": "online", "tau_max": 2.0})
+        args = ["run", "prokd"]
+    else:
+        cfg, args = nmt_config(tmp_path), ["distill"]
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for n in (1, 2):
+        proc = launch(n, *args, str(path), f"name=p{n}", "--quiet")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.count("finished") == 1  # rank 0 alone prints
+    a, _ = load_checkpoint(tmp_path / "runs" / "p1" / "checkpoints" / "last.safetensors")
+    b, _ = load_checkpoint(tmp_path / "runs" / "p2" / "checkpoints" / "last.safetensors")
+    weights = [k for k in a if k.startswith("model/")]
+    assert weights
+    for k in weights:
+        gap = float((b[k].float() - a[k].float()).abs().max())
+        assert gap < 1e-4, f"{k} differs by {gap}"
+
+
+def test_l2t_teacher_phase_is_refused_under_torchrun_in_one_line(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, l2t={"teacher_steps": 1, "inner_steps": 2})))
+    proc = launch(2, "run", "l2t", str(path), "--quiet")
+    assert proc.returncode != 0
+    assert "recipe l2t: the teacher phase" in proc.stderr and "teacher.checkpoint=" in proc.stderr

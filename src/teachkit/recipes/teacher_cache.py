@@ -64,6 +64,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
+from teachkit import distributed
 from teachkit.data import Augment, make_augment
 from teachkit.data.base import TensorSplit
 from teachkit.engine import Callback
@@ -594,11 +595,7 @@ class ViewTeacherOutputs(TeacherOutputs):
 
 def _process() -> str:
     """This process's place in a data-parallel run (each process's teacher sees its own share of every batch)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return f"{dist.get_rank()}/{dist.get_world_size()}"
-    return "0/1"
+    return f"{distributed.rank()}/{distributed.world_size()}"
 
 
 def view_outputs(teacher: Tapped, split: TensorSplit, *, names: tuple[str, ...], augment: Augment, seed: int,

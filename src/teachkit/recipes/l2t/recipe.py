@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from teachkit import distributed
 from teachkit.config import RunConfig, with_changes
 from teachkit.data import Splits
 from teachkit.data.loader import make_batches
@@ -588,6 +589,10 @@ def l2t_dlf(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         return finished_teacher(path, ctx.device, ctx.splits.num_classes)
 
     def train() -> tuple[LossTeacher, dict]:
+        if distributed.world_size() > 1:
+            raise ConfigError("recipe l2t: the teacher phase (hypergradients through one unrolled student trajectory) "
+                              "runs in one process, not under torchrun; train the teacher in one process, then "
+                              "distil data-parallel from it with teacher.checkpoint=<that run folder>")
         origin["steps_trained"] = cfg.l2t.teacher_steps
         return train_teacher(ctx, warm)
 
