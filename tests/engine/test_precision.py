@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from teachkit.engine import precision as precision_module
 from teachkit.engine.checkpoint import load_checkpoint
@@ -29,6 +30,18 @@ def test_precision_is_resolved_for_the_device(monkeypatch, requested, fast, name
     assert bool(resolved.warning) == warns
     if warns:
         assert "train.precision=fp16 needs a CUDA GPU" in resolved.warning and f"running {name}" in resolved.warning
+
+
+@pytest.mark.parametrize(("device", "fast", "name"), [("cpu", True, "fp32"), ("cpu", False, "fp32")])
+def test_auto_keeps_recurrent_students_in_fp32_on_a_cpu(monkeypatch, device, fast, name):
+    monkeypatch.setattr(precision_module, "fast_bf16", lambda d: fast)
+    assert resolve_precision("auto", torch.device(device), recurrent=True).name == name
+    assert resolve_precision("bf16", torch.device(device), recurrent=True).name == "bf16"  # asked for: honoured
+
+
+def test_recurrent_models_are_recognised():
+    assert precision_module.has_recurrent(nn.Sequential(nn.Linear(2, 2), nn.LSTM(2, 2)))
+    assert not precision_module.has_recurrent(nn.Sequential(nn.Linear(2, 2), nn.Conv2d(1, 1, 1)))
 
 
 def test_unknown_precision_names_the_allowed_ones():
@@ -73,7 +86,7 @@ def test_fp16_trains_with_a_gradient_scaler_and_resumes_exactly(tiny, monkeypatc
     run equals an uninterrupted one."""
     from teachkit.engine import trainer as trainer_module
 
-    monkeypatch.setattr(trainer_module, "resolve_precision", lambda name, device: Precision("fp16", name))
+    monkeypatch.setattr(trainer_module, "resolve_precision", lambda name, device, **_: Precision("fp16", name))
     straight = train_model(tiny(name="straight", train={"epochs": 3, "progress": False}))
     _, state = load_checkpoint(straight.run_dir / "checkpoints" / "last.safetensors")
     assert state["scaler"]["scale"] > 0 and straight.summary["precision"] == "fp16"

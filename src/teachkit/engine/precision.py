@@ -1,7 +1,8 @@
 """Fast defaults: mixed precision, memory layout and ``torch.compile``, resolved for the device at hand.
 
 - ``train.precision``: ``auto`` (default) runs bf16 autocast where the device does bf16 fast -- CUDA GPUs with
-  bf16 (Ampere and later) and CPUs with AVX512-BF16 or AMX -- and fp32 elsewhere; ``fp32``; ``bf16``; ``fp16``
+  bf16 (Ampere and later) and CPUs with AVX512-BF16 or AMX, except recurrent students on a CPU -- and fp32
+  elsewhere; ``fp32``; ``bf16``; ``fp16``
   (autocast with a gradient scaler, for GPUs without bf16). A precision the device cannot run falls back with
   a one-line warning: fp16 on a CPU runs bf16 where that is fast, else fp32; bf16 on a GPU without it runs
   fp16. The resolved precision is recorded in the run summary.
@@ -76,13 +77,20 @@ class Precision:
         return torch.amp.GradScaler(device.type) if self.name == "fp16" else None
 
 
-def resolve_precision(requested: str, device: torch.device) -> Precision:
-    """``train.precision`` for ``device`` (module docstring); an unknown name is a ValueError."""
+def has_recurrent(model: nn.Module) -> bool:
+    """Whether ``model`` holds a recurrent layer (LSTM, GRU, RNN)."""
+    return any(isinstance(m, nn.RNNBase) for m in model.modules())
+
+
+def resolve_precision(requested: str, device: torch.device, recurrent: bool = False) -> Precision:
+    """``train.precision`` for ``device`` (module docstring); ``recurrent``: the student holds LSTM/GRU layers,
+    whose bf16 kernels are slower than fp32 on CPU (measured: a 64-unit LSTM-attention student's epoch 1.4x
+    slower), so ``auto`` keeps fp32 for them there. An unknown name is a ValueError."""
     if requested not in PRECISIONS:
         raise ValueError(f"train.precision={requested!r} is not allowed; choose one of: {', '.join(PRECISIONS)}")
     fast = fast_bf16(device)
     if requested == "auto":
-        return Precision("bf16" if fast else "fp32", requested)
+        return Precision("bf16" if fast and not (recurrent and device.type == "cpu") else "fp32", requested)
     if requested == "fp16" and device.type != "cuda":
         to = "bf16" if fast else "fp32"
         return Precision(to, requested, f"train.precision=fp16 needs a CUDA GPU (its gradient scaler and fast fp16 "

@@ -66,7 +66,14 @@ from teachkit.engine.checkpoint import (
     write_error,
 )
 from teachkit.engine.optim import OptimConfig, build_optimizer
-from teachkit.engine.precision import Compiled, PrecisionName, compile_errors, resolve_channels_last, resolve_precision
+from teachkit.engine.precision import (
+    Compiled,
+    PrecisionName,
+    compile_errors,
+    has_recurrent,
+    resolve_channels_last,
+    resolve_precision,
+)
 from teachkit.engine.runlog import RunLog
 from teachkit.engine.schedule import lr_factor
 from teachkit.errors import CheckpointError, ConfigError, NonFiniteLossError
@@ -280,7 +287,7 @@ class Trainer:
             remove_temporary_files(self.run_dir)  # left by a kill in the middle of an atomic write
         self.meta = dict(meta or {})
         self.device = next(self.model.parameters()).device
-        self.precision = resolve_precision(loop.precision, self.device)
+        self.precision = resolve_precision(loop.precision, self.device, recurrent=has_recurrent(self.model))
         self.channels_last = resolve_channels_last(loop.channels_last, self.precision)
         for module in [*self.modules.values(), *self.frozen.values()]:
             channels_last(module, self.channels_last)

@@ -35,7 +35,7 @@ from teachkit.data.loader import make_batches
 from teachkit.data.raw import is_regression, is_tokens
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
 from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
-from teachkit.engine.precision import Precision, resolve_channels_last, resolve_precision
+from teachkit.engine.precision import Precision, has_recurrent, resolve_channels_last, resolve_precision
 from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError, WriteError
 from teachkit.models import ModelConfig, make_model
@@ -200,6 +200,7 @@ class RunContext:
     splits: Splits
     resume: bool = False
     _full: Splits | None = field(default=None, repr=False)
+    _recurrent: bool | None = field(default=None, repr=False)
 
     @classmethod
     def open(cls, cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
@@ -295,8 +296,13 @@ class RunContext:
 
     @property
     def precision(self) -> Precision:
-        """``train.precision`` resolved for the run's device (the engine resolves it the same way)."""
-        return resolve_precision(self.cfg.train.precision, self.device)
+        """``train.precision`` resolved for the run's device and student (``cfg.model``), as the engine resolves
+        it for the trainer's first module."""
+        if self._recurrent is None:
+            with torch.device("meta"):  # the model's layers, without allocating them
+                self._recurrent = has_recurrent(make_model(self.cfg.model, self.splits.input_shape,
+                                                           self.splits.num_classes))
+        return resolve_precision(self.cfg.train.precision, self.device, recurrent=self._recurrent)
 
     @property
     def channels_last(self) -> bool:
