@@ -103,6 +103,15 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("gamma-zero", ["train", "{cfg}", "optim.gamma=0"], {"cfg.yaml": TINY}, {}, "optim.gamma=0.0 is out of range"),
     ("milestone-not-int", ["train", "{cfg}", "optim.milestones=[1.5]"], {"cfg.yaml": TINY}, {},
      "optim.milestones[0]=1.5 is not allowed: expected an integer"),
+    # --- speed settings
+    ("precision-unknown", ["train", "{cfg}", "train.precision=fp8"], {"cfg.yaml": TINY}, {},
+     "train.precision='fp8' is not allowed; choose one of: auto, fp32, bf16, fp16"),
+    ("channels-last-word", ["train", "{cfg}", "train.channels_last=nhwc"], {"cfg.yaml": TINY}, {},
+     "train.channels_last='nhwc' is not allowed: expected true/false or one of 'auto'"),
+    ("compile-word", ["train", "{cfg}", "train.compile=maybe"], {"cfg.yaml": TINY}, {},
+     "train.compile='maybe' is not allowed: expected true/false"),
+    ("sync-batchnorm-number", ["train", "{cfg}", "train.sync_batchnorm=2"], {"cfg.yaml": TINY}, {},
+     "train.sync_batchnorm=2 is not allowed: expected true/false"),
     # --- plugins
     ("plugin-missing-flag", ["train", "{cfg}", "--plugin", "badin_nosuch"], {"cfg.yaml": TINY}, {},
      "plugin 'badin_nosuch' cannot be imported: ModuleNotFoundError: No module named 'badin_nosuch'"),
