@@ -621,13 +621,13 @@ class Trainer:
             flags = torch.tensor([p.grad is not None for p in params], dtype=params[0].dtype, device=params[0].device)
             flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
                              + [flags])
-            flat = distributed.all_reduce_sum(flat)
+            flat = distributed.all_reduce_sum(flat).div_(self.world)  # the gradients become views of it
             used = flat[-len(params):].tolist()  # one read per group
             offset = 0
             for i, p in enumerate(params):
                 size = p.numel()
                 if used[i] > 0:
-                    p.grad = (flat[offset:offset + size] / self.world).view_as(p).clone()
+                    p.grad = flat[offset:offset + size].view_as(p)
                 offset += size
 
     def _step(self, chunk: Batch, progress: Progress) -> StepOutput:
