@@ -13,7 +13,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[data,plot,text,nmt,dev]"
+	$(BIN)/pip install -e ".[data,plot,text,nmt,ray,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -77,7 +77,14 @@ Models are named as on the Hugging Face Hub and must already be in the local cac
 override model.options.path / data.options.tokenizer with a folder otherwise. The tokenizer is the student's:
 each pair shares one vocabulary (uncased WordPiece; RoBERTa's BPE).
 
-    python scripts/generate_text_configs.py          # rewrite the folders
+It also writes the sweep files that run these configs as paper tables (``teachkit sweep``), one per dataset and
+pair: sweeps/prokd_glue_{bert,roberta}.yaml (GLUE dev, Tables 6 and 4: NoKD, KD, TAKD, RCO, Annealing-KD, Pro-KD
+per task; STS-B NoKD only) and sweeps/prokd_squad_{bert,roberta}.yaml (Tables 9 and 8: NoKD, KD, TAKD, Pro-KD per
+SQuAD version), 3 student seeds each. Every entry's base is the config written here; the teacher is given
+in-command, copied from the task's teacher.yaml (teacher.seed 0: one teacher for all seeds), so the sweep trains
+it once, recorded every epoch, and Pro-KD runs with prokd.mode=auto (replaying it) instead of replay.
+
+    python scripts/generate_text_configs.py          # rewrite the folders and the sweep files
     python scripts/generate_text_configs.py --check  # exit 1 if a file is out of date
 """
 
@@ -85,6 +92,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +100,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "configs"
+SWEEPS = REPO / "sweeps"
 
 TASKS = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"]
 REGRESSION = {"stsb"}
@@ -281,11 +290,125 @@ def all_files() -> dict[Path, str]:
     return files
 
 
+# ----------------------------------------------------------------------------- sweep files
+
+#: the methods of the paper's tables run by the sweeps (the configs' ESKD and MSE-teacher KD are left out), and the
+#: recipe each runs under
+SWEEP_METHODS = {"nokd": "train", "kd": "kd", "takd": "takd", "rco": "rco", "annealing": "annealing", "prokd": "prokd"}
+SQUAD_SWEEP_METHODS = [m for m in SWEEP_METHODS if m in SQUAD_METHODS]
+SEEDS = [0, 1, 2]
+#: which table of the Pro-KD paper each sweep reproduces
+SWEEP_TABLES = {("glue", "bert"): "Table 6 (GLUE dev; Table 7 is GLUE test)",
+                ("glue", "roberta"): "Table 4 (GLUE dev; Table 5 is GLUE test)",
+                ("squad", "bert"): "Table 9", ("squad", "roberta"): "Table 8"}
+#: rough cost, our estimate from model sizes and dataset sizes (not measured)
+SWEEP_COST = {"glue": "dominated by MNLI and QQP (~390k / ~360k training pairs): a few hundred GPU-hours on one "
+                      "modern GPU, most of it the large teachers and TAKD's base-size assistants",
+              "squad": "~90k (v1.1) / ~130k (v2.0) training questions at 384 tokens: on the order of 100 GPU-hours "
+                       "on one modern GPU, most of it the large teachers and TAKD's base-size assistants"}
+
+
+def teacher_section(pair_name: str, s: Setting) -> dict:
+    """The in-command teacher equal to ``s``'s teacher.yaml: its model, optimiser, epochs and loss, seed 0."""
+    cfg = config(pair_name, s, "teacher")[0]
+    assert cfg["data"] == s.data  # the teacher reads the student's data section (tokenizer included)
+    return {"checkpoint": None, "select": "last", "model": cfg["model"], "optim": cfg["optim"],
+            "epochs": cfg["train"]["epochs"], "loss": cfg["train"]["loss"], "seed": 0}
+
+
+def dotted_diff(common: dict, specific: dict, prefix: str = "") -> dict:
+    """The leaves of ``specific`` that differ from ``common``, as dotted keys (both with the same keys)."""
+    assert common.keys() == specific.keys()
+    out = {}
+    for k, v in specific.items():
+        if isinstance(v, dict) and isinstance(common[k], dict):
+            out.update(dotted_diff(common[k], v, f"{prefix}{k}."))
+        elif v != common[k]:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def flow(value: dict) -> str:
+    return yaml.safe_dump(value, sort_keys=False, default_flow_style=True, width=10_000).strip()
+
+
+def sweep_text(dataset: str, pair_name: str) -> str:
+    """The sweep file of ``dataset`` (glue, squad) for ``pair_name``: one list entry per (task, method)."""
+    t_name, a_name, s_name = PRETTY[pair_name]
+    rows = []  # (label prefix, setting, methods)
+    if dataset == "glue":
+        for task in TASKS:
+            rows.append((task, glue_setting(pair_name, task), ["nokd"] if task in REGRESSION else list(SWEEP_METHODS)))
+    else:
+        for version in SQUAD_VERSIONS:
+            rows.append((f"v{version}", squad_setting(pair_name, version), SQUAD_SWEEP_METHODS))
+    teachers = {prefix: teacher_section(pair_name, s) for prefix, s, methods in rows if methods != ["nokd"]}
+    common = next(iter(teachers.values()))
+    entries = []
+    for prefix, s, methods in rows:
+        for method in methods:
+            entry: dict = {"label": f"{prefix}-{method}", "base": f"../configs/{s.folder}/{method}.yaml",
+                           "recipe": SWEEP_METHODS[method]}
+            if method != "nokd":
+                entry.update(dotted_diff(common, teachers[prefix], "teacher."))
+            if method == "prokd":
+                assert config(pair_name, s, method)[0]["prokd"]["mode"] == "replay"
+                entry["prokd.mode"] = "auto"
+            entries.append(f"  - {flow(entry)}\n")
+    s0 = rows[0][1]
+    unit = "task" if dataset == "glue" else "SQuAD version"
+    names = ", ".join(m for m in SWEEP_METHODS if m in rows[0][2])
+    what = ("GLUE, per task (CoLA, SST-2, MRPC, QQP, MNLI, QNLI, RTE, WNLI; STS-B NoKD only)" if dataset == "glue"
+            else "SQuAD v1.1 and v2.0")
+    n_students = sum(len(m) for _, _, m in rows) * len(SEEDS)
+    n_takd = sum(1 for _, _, m in rows if "takd" in m) * len(SEEDS)
+    paragraphs = [
+        f"Pro-KD (Rezagholizadeh et al. 2022), {SWEEP_TABLES[dataset, pair_name]}: {s_name} from {t_name}, {what}: "
+        f"{names}; {len(SEEDS)} student seeds -> {n_students} students, {len(teachers)} shared teachers (one per "
+        f"{unit}, recorded every epoch), {n_takd} shared TAKD assistants ({a_name}, one per {unit} and seed).",
+        f"   teachkit sweep sweeps/prokd_{dataset}_{pair_name}.yaml data.root={s0.root_hint} [--workers N]",
+        f"data.root is given at run time (the configs keep root: {s0.data['root']}). Generated by "
+        f"scripts/generate_text_configs.py (do not edit by hand): each entry runs configs/{dataset}/{pair_name}/"
+        f"<{unit.split()[-1]}>/<method>.yaml (see its header and the script's table of sources: tau_max "
+        f"{s0.tau_max} = teacher epochs, n_i {s0.n_i}, phase I {s0.tau_max * s0.n_i} + phase II {s0.phase2} = "
+        f"{s0.student_epochs} student epochs) with the teacher given in-command, copied from that folder's "
+        f"teacher.yaml (the student's tokenizer, as there: each pair shares one vocabulary), and prokd.mode=auto "
+        f"instead of replay (it replays the shared recorded teacher).",
+    ]
+    if dataset == "glue":
+        paragraphs.append("STS-B (regression) has only NoKD: teachkit's distillation recipes refuse real-valued "
+                          "targets, so its distilled cells cannot be run (see the script's docstring). GLUE's test "
+                          "labels are hidden: the dev set is the test split, so this is the dev table; the test "
+                          "table needs the GLUE server. ESKD and KD from the MSE teacher (configs there too) are "
+                          "not in the paper's tables and are left out.")
+    paragraphs += [
+        f"Not fixed by the paper (our choices): one teacher per {unit} (teacher.seed 0) for all student seeds; "
+        f"3 student seeds (train.seed 0, 1, 2); TAKD's assistant trained once per student seed; no report baseline "
+        f"(each {unit}'s NoKD row is its own baseline, and a report takes one baseline row).",
+        f"Rough cost (our estimate, not measured): {SWEEP_COST[dataset]}.",
+    ]
+    header = "".join(
+        f"#{p}\n" if p.startswith("  ") else "\n".join(textwrap.wrap(p, 118, initial_indent="# ",
+                                                                     subsequent_indent="# ")) + "\n"
+        for p in paragraphs)
+    body = {"sweep": f"prokd-{dataset}-{pair_name}", "out_dir": "runs/sweeps", "config": {"teacher": common},
+            "grid": {"train.seed": SEEDS}}
+    text = yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=120)
+    return header + text + "list:\n" + "".join(entries)
+
+
+def sweep_files() -> dict[Path, str]:
+    return {SWEEPS / f"prokd_{dataset}_{pair}.yaml": sweep_text(dataset, pair)
+            for dataset in ("glue", "squad") for pair in PAIRS}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     files = all_files()
+    sweeps = sweep_files()
+    files.update(sweeps)
     if args.check:
         stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
         extra = sorted(p for sub in ("glue", "squad") for p in (ROOT / sub).rglob("*.yaml") if p not in files)
@@ -297,7 +420,8 @@ def main() -> int:
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    print(f"wrote {len(files)} configs under {ROOT / 'glue'} and {ROOT / 'squad'}")
+    print(f"wrote {len(files) - len(sweeps)} configs under {ROOT / 'glue'} and {ROOT / 'squad'}, "
+          f"{len(sweeps)} sweep files under {SWEEPS}")
     return 0
 
 

@@ -28,6 +28,7 @@ def bomb(levels: int = 9) -> str:
 
 BINARY = b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + bytes(range(256))
 TINY = "tiny"  #: a file-table value: the tiny synthetic config (see conftest), written as YAML
+SWEEP = "sweep: s\nbase: cfg.yaml\nout_dir: {tmp}/runs\nrecipe: train\n"  #: a sweep file's head (base: TINY)
 
 # (id, argv ({tmp}: the test's folder, {cfg}: tiny config), files {name: text | bytes | DIR | TINY}, env, fragment)
 ROWS: list[tuple[str, list[str], dict, dict, str]] = [
@@ -151,6 +152,37 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("eval-missing-checkpoint", ["eval", "{tmp}/none.safetensors"], {}, {}, "does not exist"),
     ("eval-config-as-checkpoint", ["eval", "{cfg}"], {"cfg.yaml": TINY}, {}, "is unreadable"),
     ("eval-empty-folder", ["eval", "{tmp}/empty"], {"empty": DIR}, {}, "checkpoints/last.safetensors' does not exist"),
+    # --- sweep and report
+    ("sweep-unknown-key", ["sweep", "{tmp}/s.yaml"], {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {kd.methd: [kd]}\n"},
+     {}, "sweep key 'kd.methd' does not exist: no 'methd' under kd (did you mean 'method'?)"),
+    ("sweep-empty-grid", ["sweep", "{tmp}/s.yaml"], {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {}\n"}, {},
+     "sweep grid is empty"),
+    ("sweep-empty-values", ["sweep", "{tmp}/s.yaml"], {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {train.seed: []}\n"},
+     {}, "sweep grid.train.seed is an empty list"),
+    ("sweep-conflicting-keys", ["sweep", "{tmp}/s.yaml"],
+     {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {kd.method: [kd]}\nlist: [{kd.method: dist}]\n"}, {},
+     "'kd.method' is given both in the grid and in list[0]"),
+    ("sweep-bad-value", ["sweep", "{tmp}/s.yaml"], {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {optim.lr: [-1]}\n"},
+     {}, "sweep run 'lr=-1': optim.lr=-1"),
+    ("sweep-unknown-recipe", ["sweep", "{tmp}/s.yaml"],
+     {"cfg.yaml": TINY, "s.yaml": SWEEP + "list: [{recipe: prokdd}]\n"}, {},
+     "unknown recipe 'prokdd' (did you mean 'prokd'?)"),
+    ("sweep-foreign-run-folder", ["sweep", "{tmp}/s.yaml"],
+     {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {train.seed: [0, 1]}\n",
+      "runs/s/seed=1/sweep.json": '{"sweep": "other", "run": "seed=1", "role": "student"}'}, {},
+     "was made by sweep 'other' (run 'seed=1'), not by this sweep 's'"),
+    ("sweep-hand-made-run-folder", ["sweep", "{tmp}/s.yaml"],
+     {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid: {train.seed: [0, 1]}\n", "runs/s/seed=0/config.yaml": "name: x\n"},
+     {}, "was not made by a sweep"),
+    ("sweep-workers-zero", ["sweep", "{tmp}/s.yaml", "--workers", "0"], {"cfg.yaml": TINY, "s.yaml": SWEEP}, {},
+     "--workers 0 is out of range: must be >= 1"),
+    ("sweep-unknown-backend", ["sweep", "{tmp}/s.yaml", "--backend", "slurm"], {"cfg.yaml": TINY, "s.yaml": SWEEP},
+     {}, "--backend 'slurm' is not allowed; choose local or ray"),
+    ("sweep-missing-file", ["sweep", "{tmp}/none.yaml"], {}, {}, "none.yaml' does not exist"),
+    ("sweep-unknown-override", ["sweep", "{tmp}/s.yaml", "data.rot=/x"], {"cfg.yaml": TINY, "s.yaml": SWEEP}, {},
+     "sweep key 'data.rot' does not exist"),
+    ("report-missing-folder", ["report", "{tmp}/none"], {}, {}, "none"),
+    ("report-no-runs", ["report", "{tmp}/empty"], {"empty": DIR}, {}, "no run folders"),
 ]
 
 
@@ -165,7 +197,7 @@ def make_files(tmp_path: Path, files: dict) -> None:
         elif isinstance(content, bytes):
             path.write_bytes(content)
         else:
-            path.write_text(content)
+            path.write_text(content.replace("{tmp}", str(tmp_path)))
 
 
 def expand(argv: list[str], tmp_path: Path) -> list[str]:
@@ -173,7 +205,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 65 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 79 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

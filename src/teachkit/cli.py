@@ -1,4 +1,4 @@
-"""Command line: ``teachkit {train,distill,run,eval,list,demo}``. Parses and calls; no logic of its own.
+"""Command line: ``teachkit {train,distill,run,eval,list,demo,sweep,report}``. Parses and calls; no logic of its own.
 
 Every user mistake is one line ``teachkit: error: ...`` on stderr and exit status 2, never a traceback;
 an I/O failure that escapes (disk full, a folder under a file) is reported the same way as
@@ -72,6 +72,43 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
     demo.add_argument("--out", default="runs/demo", help="folder for the demo's runs and results")
     demo.add_argument("--quick", action="store_true", help="a smaller, faster setting (for smoke tests)")
+    demo.add_argument("--sweep", action="store_true",
+                      help="images: run the demo as the shipped sweep file (teachkit sweep machinery: shared "
+                           "teachers, workers, status file, report)")
+    demo.add_argument("--workers", type=int, default=1, help="with --sweep: local worker processes")
+    sw = sub.add_parser("sweep", help="run a sweep file: a grid/list of runs with shared teachers, resumable, on "
+                                      "local workers or Ray; writes a status file and a report")
+    sw.add_argument("sweep_file", metavar="SWEEP.yaml")
+    sw.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="dotted overrides for every run, e.g. data.root=/path/to/cifar")
+    sw.add_argument("--workers", type=int, default=None,
+                    help="jobs at a time (local default 1; ray default: the cluster's CPUs / --threads)")
+    sw.add_argument("--backend", default="local", help="local (worker processes, default) or ray (RAY_ADDRESS)")
+    sw.add_argument("--threads", type=int, default=None,
+                    help="CPU threads per job (local default: cores / workers; ray default 1)")
+    sw.add_argument("--gpus-per-run", type=float, default=0.0, help="ray: GPUs each run requests (default 0)")
+    sw.add_argument("--out-dir", default=None, help="override the sweep file's out_dir")
+    sw.add_argument("--dry-run", action="store_true", help="print the plan (runs, shared teachers, order); run nothing")
+    sw.add_argument("--status", action="store_true",
+                    help="print the state of the sweep (e.g. running elsewhere) from its status file; run nothing")
+    sw.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    sw.add_argument("--quiet", action="store_true", help="print only errors and the final lines")
+    _add_plugin_arg(sw)
+    rp = sub.add_parser("report", help="aggregate run folders (summary.json) into Markdown/CSV tables and plots, "
+                                       "with paired intervals and published numbers")
+    rp.add_argument("runs_dir", metavar="RUNS_DIR")
+    rp.add_argument("--by", nargs="+", default=None, metavar="KEY",
+                    help="group rows by these keys (default: the sweep's axes without seeds, or the config keys "
+                         "that vary)")
+    rp.add_argument("--baseline", default=None, metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="the row paired differences are taken against, e.g. variant=no-kd")
+    rp.add_argument("--select", choices=["last", "best"], default="last",
+                    help="the test figure compared: last epoch, or at the best-validation epoch")
+    rp.add_argument("--metric", default=None, help="metric to report (default: the runs' select metric)")
+    rp.add_argument("--out", default=None, help="folder for report.md/.csv and plots (default RUNS_DIR/report)")
+    rp.add_argument("--no-plots", action="store_true", help="tables only")
+    rp.add_argument("--teachers", action="store_true", help="report teacher runs as rows too (default: a table of "
+                                                            "their own)")
     return parser
 
 
@@ -275,10 +312,67 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep_reporter(no_report: bool):
+    """The report written at the end of a sweep (its file's ``report:`` options), or None."""
+    if no_report:
+        return None
+
+    def write(plan) -> Any:
+        from teachkit.experiments.report import run_report
+
+        opts = plan.spec.report
+        return run_report(plan.folder, by=opts.get("by"), baseline=opts.get("baseline"),
+                          select=opts.get("select", "last"), metric=opts.get("metric"), out=plan.folder / "report")
+
+    return write
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from teachkit.experiments.sweep import run_sweep
+    from teachkit.registry import import_plugins
+
+    plugins = import_plugins(plugin_names(args.plugin))
+    if plugins:  # the job processes import them too
+        os.environ[PLUGINS_ENV] = ",".join(plugins)
+    if args.out_dir is not None:
+        check_folder(args.out_dir, "sweep --out-dir")
+    if args.status:
+        from teachkit.experiments.sweep import show_status
+
+        print(show_status(args.sweep_file, args.out_dir))
+        return 0
+    given = args.workers is not None
+    result = run_sweep(args.sweep_file, workers=args.workers if given else 1, workers_given=given,
+                       backend=args.backend, threads=args.threads, overrides=args.overrides,
+                       gpus_per_run=args.gpus_per_run, out_dir=args.out_dir, dry_run=args.dry_run, quiet=args.quiet,
+                       reporter=_sweep_reporter(args.no_report))
+    return 0 if result.ok else 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    from teachkit.experiments.report import run_report
+
+    if args.out is not None:
+        check_folder(args.out, "report --out")
+    run_report(Path(args.runs_dir), by=args.by, baseline=args.baseline, select=args.select, metric=args.metric,
+               out=Path(args.out) if args.out else None, plots=not args.no_plots, teachers=args.teachers)
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from teachkit.experiments.demo import run_demo
 
     check_folder(args.out, "demo --out")
+    if args.sweep:
+        from teachkit.experiments.demo import demo_sweep_file
+        from teachkit.experiments.sweep import run_sweep
+
+        if args.task != "images" or args.data != "mnist5k" or args.seeds is not None or args.quick:
+            raise ConfigError("demo --sweep runs the shipped images demo sweep (mnist5k, 8 seeds); it takes no "
+                              "--task/--data/--seeds/--quick: edit a copy of the sweep file and run teachkit sweep")
+        result = run_sweep(demo_sweep_file(), workers=args.workers, out_dir=args.out,
+                           reporter=_sweep_reporter(False))
+        return 0 if result.ok else 1
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"demo --seeds {args.seeds} is out of range: must be >= 1")
     if args.task == "text":
@@ -306,6 +400,10 @@ def _run(args: argparse.Namespace) -> int:
         return _list(args)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "report":
+        return _report(args)
     raise AssertionError(args.command)
 
 
@@ -331,6 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"teachkit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if args.command == "sweep" or getattr(args, "sweep", False):
+            print("teachkit: interrupted; every run keeps its last finished epoch: rerun the same command to "
+                  "continue (finished runs are skipped, interrupted ones resume)", file=sys.stderr)
+            return 130
         print("teachkit: interrupted; the last finished epoch's checkpoint is kept (use --resume)", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped early (`teachkit list | head`)

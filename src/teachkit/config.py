@@ -82,6 +82,8 @@ class TeacherConfig(Options):
     optim: OptimConfig = option(factory=OptimConfig)
     epochs: int = option(10, ge=1)
     loss: str = "ce"
+    #: the in-command teacher's seed (init and batch order); None: the student's ``train.seed``
+    seed: int | None = None
     #: run with a teacher whose training data may overlap the student's val/test split (recorded in the summary)
     allow_overlap: bool = False
     #: compute the frozen teacher's outputs once and reuse them (auto: whenever the inputs do not change across

@@ -39,3 +39,33 @@ def test_quick_demo_writes_table_and_results(tmp_path, capsys):
         assert student["data"]["subset_seed"] == seed and "teacher_overlap_allowed" not in student
         subsets.append(student["data"])
     assert subsets[0]["train_subset"] == subsets[1]["train_subset"] == 200
+
+
+def test_demo_as_a_sweep_gives_the_demo_numbers(tmp_path):
+    """The demo protocol written as a sweep file (what ``teachkit demo --sweep`` runs, on digits and quick here):
+    shared teachers and worker processes give the very numbers of the in-process demo, seed by seed."""
+    import yaml
+
+    from teachkit.experiments.demo import SETTINGS, demo_sweep_file
+    from teachkit.experiments.sweep import run_sweep
+    from teachkit.experiments.sweep_spec import read_sweep
+
+    s = SETTINGS["digits"].quick()
+    results = run_demo("digits", seeds=s.seeds, out=str(tmp_path / "demo"), quick=True)
+    shipped = yaml.safe_load(demo_sweep_file().read_text())
+    optim = {"name": "sgd", "lr": s.lr, "weight_decay": 5e-4, "schedule": "cosine"}
+    shipped["config"] = {"data": {"name": s.data, "train_subset": s.train_subset, "subset_seed": "${train.seed}",
+                                  "batch_size": s.batch_size},
+                         "model": s.student, "optim": optim, "train": {"epochs": s.student_epochs},
+                         "teacher": {"model": s.teacher, "optim": optim, "epochs": s.teacher_epochs},
+                         "kd": {"method": "kd"}}
+    shipped["grid"] = {"train.seed": list(range(s.seeds))}
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    assert {r.name for r in read_sweep(demo_sweep_file()).runs} >= {"no-kd,seed=7", "kd,loss=mse,seed=0"}
+    sweep = run_sweep(path, workers=2, out_dir=str(tmp_path / "sweep"), quiet=True)
+    assert sweep.ok
+    for label, key in (("no-kd", "none"), ("kd,loss=ce", "kd/ce"), ("kd,loss=mse", "kd/mse")):
+        ours = [json.loads((sweep.plan.folder / f"{label},seed={seed}" / "summary.json").read_text())["test_acc"]
+                for seed in range(s.seeds)]
+        assert ours == results["students"][key]["test_acc"], label

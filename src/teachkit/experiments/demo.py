@@ -8,6 +8,8 @@ their epochs are few: the default (mnist5k) runs in about 2-2.5 minutes on 2 CPU
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from teachkit.experiments.teacher_study import StudySetting, run_study
 
 SETTINGS: dict[str, StudySetting] = {
@@ -25,3 +27,8 @@ def run_demo(data: str = "mnist5k", seeds: int | None = None, out: str = "runs/d
     """Run the demo protocol on ``data``, print and write the results table; returns the results."""
     setting = SETTINGS[data].quick() if quick else SETTINGS[data]
     return run_study(setting, ["kd"], out, seeds=seeds, title="demo")
+
+
+def demo_sweep_file() -> Path:
+    """The shipped sweep file of the images demo (``teachkit demo --sweep``): the mnist5k protocol above."""
+    return Path(__file__).with_name("sweeps") / "demo.yaml"

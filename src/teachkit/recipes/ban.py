@@ -42,7 +42,7 @@ from teachkit.recipes.common import RunResult, composed_cost, finished_run, load
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.kd import distill
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.teacher import TeacherSource
+from teachkit.recipes.teacher import TeacherSource, declare_teacher_use
 
 
 @dataclass
@@ -164,3 +164,6 @@ def ban(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_
     summary["cost"] = composed_cost(students, source.epochs_trained, t0)
     write_json(ctx.run_dir / "summary.json", summary)
     return RunResult(ctx.run_dir, summary, last.model, last.history)
+
+
+declare_teacher_use("ban", "frozen")

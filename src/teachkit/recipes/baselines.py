@@ -31,7 +31,7 @@ from teachkit.recipes.common import RunResult, composed_cost, finished_run
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.kd import distill
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.teacher import TeacherSource
+from teachkit.recipes.teacher import TeacherSource, declare_shared_run, declare_teacher_use
 
 
 @dataclass
@@ -40,6 +40,18 @@ class TAKDOptions(Options):
 
     assistant: ModelConfig = option(factory=lambda: ModelConfig(name="resnet20"))
     assistant_epochs: int | None = option(None, ge=1)
+    #: a finished assistant run folder to distil the student from (a sweep shares one assistant this way);
+    #: None: the assistant is trained in ``run_dir/assistant``
+    assistant_checkpoint: str | None = None
+
+
+def assistant_config(cfg: RunConfig) -> RunConfig:
+    """The TAKD assistant's run: Hinton KD of ``takd.assistant`` from the teacher on the full training split, for
+    ``takd.assistant_epochs`` (default ``train.epochs``)."""
+    return with_changes(cfg, name=f"{cfg.name}/assistant", model=cfg.takd.assistant,
+                        train={"epochs": cfg.takd.assistant_epochs or cfg.train.epochs},
+                        data={"train_subset": None, "omit_classes": [], "few_shot": 0}, kd={"method": "kd"},
+                        takd={"assistant_checkpoint": None})
 
 
 @dataclass
@@ -55,9 +67,7 @@ def takd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
     """Distil the assistant ``takd.assistant`` from the teacher, then the student from the assistant."""
     t0 = time.perf_counter()
     ctx = RunContext.open(cfg, resume, splits, run_dir)
-    assistant_cfg = with_changes(cfg, name=f"{cfg.name}/assistant", model=cfg.takd.assistant,
-                                 train={"epochs": cfg.takd.assistant_epochs or cfg.train.epochs},
-                                 data={"train_subset": None, "omit_classes": [], "few_shot": 0}, kd={"method": "kd"})
+    assistant_cfg = assistant_config(cfg)
     teacher_model = cfg.teacher.model
     ta_size = count_parameters(ctx.model(cfg.takd.assistant))
     if not cfg.teacher.checkpoint:
@@ -65,9 +75,17 @@ def takd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
         if ta_size > t_size:
             print(f"teachkit: warning: the assistant {cfg.takd.assistant.name} ({ta_size:,} parameters) is larger "
                   f"than the teacher {teacher_model.name} ({t_size:,})", file=sys.stderr)
-    assistant_dir = ctx.run_dir / "assistant"
-    assistant = finished_run(assistant_dir, ctx.device) or distill(assistant_cfg, resume=resume,
-                                                                   splits=ctx.full_splits(), run_dir=assistant_dir)
+    if cfg.takd.assistant_checkpoint:
+        assistant_dir = Path(cfg.takd.assistant_checkpoint)
+        given = finished_run(assistant_dir, ctx.device)
+        if given is None:
+            raise ConfigError(f"takd.assistant_checkpoint={str(assistant_dir)!r} is not a finished run folder (no "
+                              "summary.json and last checkpoint); train it first or leave the option out")
+        assistant = given
+    else:
+        assistant_dir = ctx.run_dir / "assistant"
+        assistant = finished_run(assistant_dir, ctx.device) or distill(assistant_cfg, resume=resume,
+                                                                       splits=ctx.full_splits(), run_dir=assistant_dir)
     student_cfg = with_changes(cfg, teacher={"checkpoint": str(assistant_dir)}, kd={"method": "kd"})
     student = distill(student_cfg, resume=resume, splits=ctx.splits, run_dir=ctx.run_dir / "student")
     summary = {**student.summary, "assistant": {k: assistant.summary.get(k) for k in
@@ -115,3 +133,9 @@ def eskd(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run
                "cost": composed_cost(list(runs.values()), source.epochs_trained, t0)}
     write_json(ctx.run_dir / "summary.json", summary)
     return RunResult(ctx.run_dir, summary, best.model, best.history)
+
+
+declare_teacher_use("takd", "frozen")
+declare_shared_run("takd", "assistant", lambda cfg: ("kd", assistant_config(cfg)), "takd.assistant_checkpoint",
+                   when=lambda cfg: not cfg.takd.assistant_checkpoint)
+declare_teacher_use("eskd", "recorded")

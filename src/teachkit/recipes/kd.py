@@ -27,7 +27,7 @@ from teachkit.options import from_mapping
 from teachkit.recipes.common import RunResult, folder_wall_time
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource
+from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource, declare_teacher_use
 from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
 from teachkit.types import StepOutput, TrainingStage
 
@@ -175,3 +175,6 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
                                                    *(stage.name for stage in stages)])})
     write_json(ctx.run_dir / "teacher.json", meta["teacher"])
     return RunResult(ctx.run_dir, result.summary, student, result.history)
+
+
+declare_teacher_use("kd", "frozen")

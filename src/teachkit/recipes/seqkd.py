@@ -48,7 +48,7 @@ from teachkit.recipes.common import RunResult, folder_wall_time
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.standalone import label_step
-from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource
+from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource, declare_teacher_use
 from teachkit.recipes.teacher_cache import inputs_digest, weights_digest
 
 FOLDER = Path("_cache") / "seqkd"
@@ -198,3 +198,6 @@ def sequence_kd(cfg: RunConfig, resume: bool = False, splits: Splits | None = No
         "wall_time_s": trainer.wall_time + (0.0 if source.given else folder_wall_time(ctx.run_dir / TEACHER_DIR))})
     write_json(ctx.run_dir / "teacher.json", meta["teacher"])
     return RunResult(ctx.run_dir, result.summary, student, result.history)
+
+
+declare_teacher_use("seqkd", "frozen")

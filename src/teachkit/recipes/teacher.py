@@ -56,8 +56,46 @@ def teacher_run_config(cfg: RunConfig, save_every: int = 1) -> RunConfig:
     options = cfg.data.options or {}
     if options.get("teacher_tokenizer"):  # text: the teacher trains on its own tokenisation
         data["options"] = {**options, "tokenizer": options["teacher_tokenizer"], "teacher_tokenizer": None}
+    seed = cfg.train.seed if t.seed is None else t.seed
     return with_changes(cfg, name=f"{cfg.name}/teacher", model=t.model, optim=t.optim,
-                        train={"epochs": t.epochs, "loss": t.loss, "save_every": save_every}, data=data)
+                        train={"epochs": t.epochs, "loss": t.loss, "save_every": save_every, "seed": seed}, data=data)
+
+
+#: recipe name -> how it reads its teacher: ``frozen`` (the final checkpoint) or ``recorded`` (a trajectory
+#: saved every epoch); filled by :func:`declare_teacher_use` next to each recipe. A sweep trains such a teacher
+#: once, as its own run, and hands it to every student naming it as ``teacher.checkpoint``
+TEACHER_USES: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {}
+
+
+def declare_teacher_use(recipe: str, use: str, when: Callable[[RunConfig], bool] = lambda cfg: True) -> None:
+    """Say that ``recipe`` reads a :class:`TeacherSource` teacher as ``frozen`` or ``recorded`` (whenever
+    ``when(cfg)``), so a sweep may train that teacher first and pass it as ``teacher.checkpoint``: the same
+    weights as a teacher trained in-command."""
+    if use not in ("frozen", "recorded"):
+        raise ValueError(f"teacher use {use!r}: frozen or recorded")
+    TEACHER_USES[recipe] = (use, when)
+
+
+#: recipe name -> the sub-runs it would train itself that a sweep may train once and share (TAKD's assistant):
+#: (what, ``make(cfg) -> (recipe, config)``, the dotted option naming the finished run folder, ``when(cfg)``)
+SHARED_RUNS: dict[str, list[tuple[str, Callable, str, Callable[[RunConfig], bool]]]] = {}
+
+
+def declare_shared_run(recipe: str, what: str, make: Callable[[RunConfig], tuple[str, RunConfig]], option_key: str,
+                       when: Callable[[RunConfig], bool] = lambda cfg: True) -> None:
+    """Say that ``recipe`` trains a sub-run ``what`` (recipe and config from ``make(cfg)``) unless the option
+    ``option_key`` names a finished run folder of it: a sweep trains that sub-run once for every run whose
+    ``make`` gives the same config, and sets the option."""
+    SHARED_RUNS.setdefault(recipe, []).append((what, make, option_key, when))
+
+
+def teacher_use(recipe: str, cfg: RunConfig) -> str | None:
+    """How run ``cfg`` of ``recipe`` reads a teacher a sweep may train first: ``frozen``, ``recorded`` or None
+    (no such teacher, one already given as ``teacher.checkpoint``, or one the recipe must train itself)."""
+    use, when = TEACHER_USES.get(recipe, (None, None))
+    if use is None or cfg.teacher.checkpoint or not when(cfg):
+        return None
+    return use
 
 
 #: the checkpoint state key holding the training split's per-channel statistics ``{"mean": [...], "std": [...]}``
