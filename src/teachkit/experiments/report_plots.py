@@ -46,6 +46,16 @@ def _save(plt: Any, fig: Any, out: Path, stem: str) -> list[Path]:
     return paths
 
 
+def _finish(plt: Any, fig: Any, ax: Any, drawn: bool, out: Path, stem: str, ylabel: str, title: str) -> list[Path]:
+    """Label, legend and save a per-epoch plot; nothing (the figure closed) when no line was drawn."""
+    if not drawn:
+        plt.close(fig)
+        return []
+    ax.set(xlabel="epoch", ylabel=ylabel, title=title)
+    ax.legend(fontsize="small")
+    return _save(plt, fig, out, stem)
+
+
 def _curves(plt: Any, report: Report, out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
@@ -57,12 +67,8 @@ def _curves(plt: Any, report: Report, out: Path) -> list[Path]:
         ax.fill_between(epochs, [min(v) for v in values], [max(v) for v in values], color=line.get_color(),
                         alpha=0.2)
         drawn = True
-    if not drawn:
-        plt.close(fig)
-        return []
-    ax.set(xlabel="epoch", ylabel=f"val {report.metric}", title="validation per epoch (mean, min..max over runs)")
-    ax.legend(fontsize="small")
-    return _save(plt, fig, out, "curves")
+    return _finish(plt, fig, ax, drawn, out, "curves", f"val {report.metric}",
+                   "validation per epoch (mean, min..max over runs)")
 
 
 def _teacher_vs_student(plt: Any, report: Report, out: Path) -> list[Path]:
@@ -78,12 +84,8 @@ def _teacher_vs_student(plt: Any, report: Report, out: Path) -> list[Path]:
         ax.plot(t_epochs, [sum(v) / len(v) for v in t_values], linestyle="--", color=line.get_color(),
                 label=f"teacher of {row.label()}")
         drawn = True
-    if not drawn:
-        plt.close(fig)
-        return []
-    ax.set(xlabel="epoch", ylabel=f"val {report.metric}", title="teacher trajectory vs student (mean over runs)")
-    ax.legend(fontsize="small")
-    return _save(plt, fig, out, "teacher_vs_student")
+    return _finish(plt, fig, ax, drawn, out, "teacher_vs_student", f"val {report.metric}",
+                   "teacher trajectory vs student (mean over runs)")
 
 
 def _temperature(plt: Any, report: Report, out: Path) -> list[Path]:
@@ -94,12 +96,7 @@ def _temperature(plt: Any, report: Report, out: Path) -> list[Path]:
         if epochs:
             ax.step(epochs, [sum(v) / len(v) for v in values], where="mid", label=row.label())
             drawn = True
-    if not drawn:
-        plt.close(fig)
-        return []
-    ax.set(xlabel="epoch", ylabel="temperature T", title="temperature schedule")
-    ax.legend(fontsize="small")
-    return _save(plt, fig, out, "temperature")
+    return _finish(plt, fig, ax, drawn, out, "temperature", "temperature T", "temperature schedule")
 
 
 def _compute(plt: Any, report: Report, out: Path) -> list[Path]:
