@@ -84,6 +84,14 @@ def test_cache_producer_first_and_recorded_teachers(tmp_path):
     assert online.needs == [] and online.cfg.teacher.checkpoint is None  # online mode trains its own teacher
 
 
+def test_teacher_settings_a_recipe_refuses_fail_the_plan(tmp_path):
+    path = write_sweep(tmp_path, {"sweep": "m", "config": base(tmp_path), "recipe": "prokd",
+                                  "list": [{"label": "auto"}, {"label": "replay", "prokd.mode": "replay"}]})
+    with pytest.raises(ConfigError, match=r"sweep run 'replay': prokd.mode=replay: replay mode needs "
+                                          r"teacher.checkpoint"):
+        plan_sweep(path)
+
+
 def test_hoisted_teacher_gives_the_in_command_student(tmp_path):
     """The sweep's teacher job config trains the weights the student would have trained in-command."""
     cfg = from_dict({**base(tmp_path), "name": "in-command", "out_dir": str(tmp_path / "a"),

@@ -50,7 +50,7 @@ from teachkit.experiments.sweep_spec import RunSpec, SweepSpec, read_sweep
 from teachkit.losses.objective import needs_of
 from teachkit.recipes import RECIPES
 from teachkit.recipes.context import check_run_dir, finished_epoch_files
-from teachkit.recipes.teacher import SHARED_RUNS, teacher_run_config, teacher_use
+from teachkit.recipes.teacher import SHARED_RUNS, TEACHER_CHECKS, teacher_run_config, teacher_use
 from teachkit.recipes.teacher_cache import CACHEABLE
 
 MARKER = "sweep.json"
@@ -263,6 +263,13 @@ def plan_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
             job.after.append(producers[group])
         else:
             producers[group] = job.name
+    for job in students:  # teacher settings the recipe would refuse (prokd.mode=replay without a teacher, ...)
+        check = TEACHER_CHECKS.get(job.recipe)
+        if check is not None:
+            try:
+                check(job.cfg)
+            except ConfigError as e:
+                raise ConfigError(f"sweep run {job.name!r}: {e}") from None
     plan = Plan(spec, [*teachers.values(), *shared, *students])
     folders: dict[Path, str] = {}
     for job in plan.jobs:

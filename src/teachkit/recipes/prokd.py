@@ -46,7 +46,7 @@ from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.teacher import TeacherSource, declare_teacher_use
+from teachkit.recipes.teacher import TeacherSource, declare_teacher_use, trajectory_mode
 from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
 from teachkit.types import StepOutput, upcast
 
@@ -301,4 +301,5 @@ __all__ = ["prokd", "annealing", "rco", "prokd_plan", "rco_plan", "rco_anchors",
 
 
 for _name in ("prokd", "annealing", "rco"):  # prokd.mode=auto replays a given teacher, as online would train it
-    declare_teacher_use(_name, "recorded", when=lambda cfg: cfg.prokd.mode == "auto")
+    declare_teacher_use(_name, "recorded", when=lambda cfg: cfg.prokd.mode == "auto",
+                        check=lambda cfg: trajectory_mode(cfg.prokd.mode, bool(cfg.teacher.checkpoint)))

@@ -65,15 +65,21 @@ def teacher_run_config(cfg: RunConfig, save_every: int = 1) -> RunConfig:
 #: saved every epoch); filled by :func:`declare_teacher_use` next to each recipe. A sweep trains such a teacher
 #: once, as its own run, and hands it to every student naming it as ``teacher.checkpoint``
 TEACHER_USES: dict[str, tuple[str, Callable[[RunConfig], bool]]] = {}
+#: recipe name -> checks of its teacher settings that need no data (a sweep runs them before anything runs)
+TEACHER_CHECKS: dict[str, Callable[[RunConfig], Any]] = {}
 
 
-def declare_teacher_use(recipe: str, use: str, when: Callable[[RunConfig], bool] = lambda cfg: True) -> None:
+def declare_teacher_use(recipe: str, use: str, when: Callable[[RunConfig], bool] = lambda cfg: True,
+                        check: Callable[[RunConfig], Any] | None = None) -> None:
     """Say that ``recipe`` reads a :class:`TeacherSource` teacher as ``frozen`` or ``recorded`` (whenever
     ``when(cfg)``), so a sweep may train that teacher first and pass it as ``teacher.checkpoint``: the same
-    weights as a teacher trained in-command."""
+    weights as a teacher trained in-command. ``check(cfg)`` raises the ConfigError the recipe would raise for
+    teacher settings that cannot work (run by a sweep's plan, before anything runs)."""
     if use not in ("frozen", "recorded"):
         raise ValueError(f"teacher use {use!r}: frozen or recorded")
     TEACHER_USES[recipe] = (use, when)
+    if check is not None:
+        TEACHER_CHECKS[recipe] = check
 
 
 #: recipe name -> the sub-runs it would train itself that a sweep may train once and share (TAKD's assistant):
@@ -137,6 +143,23 @@ def trajectory_file_sha(path: Path) -> str | None:
         if (path.parent / entry["file"]).resolve() == path.resolve():
             return entry["sha256"]
     return None
+
+
+def trajectory_mode(mode: str, given: bool) -> str:
+    """The trajectory mode for ``prokd.mode`` (one rule for Pro-KD, Annealing-KD and RCO): ``auto`` replays
+    ``teacher.checkpoint`` when given (``given``) and trains the teacher online otherwise; an explicit ``online``
+    with a teacher checkpoint, or ``replay`` without one, is refused."""
+    if mode == "auto":
+        return "replay" if given else "online"
+    if mode == "online" and given:
+        raise ConfigError("prokd.mode=online: online mode trains the teacher itself, but teacher.checkpoint is "
+                          "set; to follow that recorded teacher set prokd.mode=replay (or auto)")
+    if mode == "replay" and not given:
+        raise ConfigError("prokd.mode=replay: replay mode needs teacher.checkpoint, the run folder of a teacher "
+                          "trained with train.save_every=1; or use prokd.mode=auto")
+    if mode not in ("online", "replay"):
+        raise ConfigError(f"prokd.mode={mode!r} is not allowed; choose auto, online or replay")
+    return mode
 
 
 class TeacherSource:
@@ -247,20 +270,8 @@ class TeacherSource:
         return train()
 
     def mode(self, mode: str) -> str:
-        """The trajectory mode for ``prokd.mode`` (one rule for Pro-KD, Annealing-KD and RCO): ``auto`` replays
-        ``teacher.checkpoint`` when given and trains the teacher online otherwise; an explicit ``online`` with
-        a teacher checkpoint, or ``replay`` without one, is refused."""
-        if mode == "auto":
-            return "replay" if self.given else "online"
-        if mode == "online" and self.given:
-            raise ConfigError("prokd.mode=online: online mode trains the teacher itself, but teacher.checkpoint is "
-                              "set; to follow that recorded teacher set prokd.mode=replay (or auto)")
-        if mode == "replay" and not self.given:
-            raise ConfigError("prokd.mode=replay: replay mode needs teacher.checkpoint, the run folder of a teacher "
-                              "trained with train.save_every=1; or use prokd.mode=auto")
-        if mode not in ("online", "replay"):
-            raise ConfigError(f"prokd.mode={mode!r} is not allowed; choose auto, online or replay")
-        return mode
+        """The trajectory mode for ``prokd.mode`` (:func:`trajectory_mode`)."""
+        return trajectory_mode(mode, self.given)
 
     def trajectory(self, mode: str) -> TeacherTrajectory:
         """The teacher after any epoch: ``online`` (trained in this run, interleaved with the student) or
