@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from teachkit.config import read_yaml
+from teachkit.engine.checkpoint import atomic_write
 from teachkit.errors import ConfigError
 from teachkit.experiments.published import Published, find_published
 from teachkit.experiments.stats import fmt_interval, fmt_mean_std, mean_std, paired_interval
@@ -692,18 +693,6 @@ def build_report(root: Path, by: list[str] | None = None, baseline: str | None =
                   teachers=teacher_runs, teacher_forwards_saved=saved, wall_time_s=wall, percent=percent)
 
 
-def write_atomic(path: Path, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(tmp)`` on a temporary file next to ``path``, then move it onto ``path`` (os.replace)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_report(report: Report, out: Path | None = None, plots: bool = True) -> list[Path]:
     """Write ``report.md``, ``report.csv`` and the plots (PNG + SVG) into ``out`` (default RUNS_DIR/report)."""
     out = Path(out) if out is not None else report.root / "report"
@@ -712,8 +701,9 @@ def write_report(report: Report, out: Path | None = None, plots: bool = True) ->
     except OSError as e:
         raise ConfigError(f"report folder {str(out)!r} cannot be made: {e.strerror or type(e).__name__}") from None
     markdown, table = report.to_markdown(), report.to_csv()
-    paths = [write_atomic(out / "report.md", lambda tmp: tmp.write_text(markdown, encoding="utf-8")),
-             write_atomic(out / "report.csv", lambda tmp: tmp.write_text(table, encoding="utf-8"))]
+    paths = [out / "report.md", out / "report.csv"]
+    atomic_write(paths[0], lambda tmp: Path(tmp).write_text(markdown, encoding="utf-8"))
+    atomic_write(paths[1], lambda tmp: Path(tmp).write_text(table, encoding="utf-8"))
     if plots:
         from teachkit.experiments.report_plots import write_plots
 

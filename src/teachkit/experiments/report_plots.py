@@ -17,7 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from teachkit.experiments.report import Report, ReportRow, cell, pair_runs, run_numbers, write_atomic
+from teachkit.engine.checkpoint import atomic_write
+from teachkit.experiments.report import Report, ReportRow, cell, pair_runs, run_numbers
 from teachkit.experiments.stats import mean_std, paired_interval, pyplot
 
 
@@ -39,9 +40,9 @@ def _val(metric: str) -> Any:
 
 def _save(plt: Any, fig: Any, out: Path, stem: str) -> list[Path]:
     fig.tight_layout()
-    paths = [write_atomic(out / f"{stem}.{ext}", lambda tmp, ext=ext: fig.savefig(tmp, format=ext, dpi=120,
-                                                                              bbox_inches="tight"))
-             for ext in ("png", "svg")]
+    paths = [out / f"{stem}.{ext}" for ext in ("png", "svg")]
+    for path in paths:
+        atomic_write(path, lambda tmp, ext=path.suffix[1:]: fig.savefig(tmp, format=ext, dpi=120, bbox_inches="tight"))
     plt.close(fig)
     return paths
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from teachkit.config import dump_yaml, from_dict, to_dict, with_changes
+from teachkit.config import CORE, dump_yaml, from_dict, to_dict, with_changes
 from teachkit.engine.checkpoint import atomic_write
 from teachkit.errors import ConfigError, TeachkitError
 from teachkit.experiments.sweep_backends import Backend, make_backend
@@ -84,6 +84,22 @@ class Job:
     error: str | None = None
     attempt_log: Path | None = None
     skipped: bool = False
+    #: read once when the job ends (or is found finished): epochs its run logged, teacher forwards its cache saved
+    epochs_logged: int = 0
+    forwards_saved: int = 0
+
+    def ended(self) -> None:
+        """Record what the run folder says now that the job stopped (its logged epochs, its cache's savings)."""
+        self.epochs_logged = logged_epochs(self.run_dir)
+        try:
+            summary = json.loads((self.run_dir / "summary.json").read_text())
+            self.forwards_saved = int((summary.get("cost") or {}).get("teacher_forwards_saved") or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            self.forwards_saved = 0
+
+    def epochs_now(self) -> int:
+        """Epochs the run has logged: read from its folder while it runs, recorded once it ended."""
+        return logged_epochs(self.run_dir) if self.state == "running" else self.epochs_logged
 
     @property
     def wall_s(self) -> float | None:
@@ -98,9 +114,13 @@ class Plan:
 
     spec: SweepSpec
     jobs: list[Job]
+    _by_name: dict[str, Job] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_name = {j.name: j for j in self.jobs}
 
     def job(self, name: str) -> Job:
-        return next(j for j in self.jobs if j.name == name)
+        return self._by_name[name]
 
     @property
     def folder(self) -> Path:
@@ -113,14 +133,17 @@ class Plan:
 # ----------------------------------------------------------------------------- planning
 
 
-def _identity(cfg: Any) -> dict[str, Any]:
-    """What decides a teacher run's result: its config without name, out_dir and neutral keys."""
+def _identity(cfg: Any, recipe: str = "train") -> dict[str, Any]:
+    """What decides the result of a shared run of ``recipe``: the core sections of its config (and the recipe's
+    own section) without neutral keys; other recipes' sections, whose defaults may grow, are left out."""
     tree = to_dict(cfg)
-    tree.pop("name", None)
-    tree.pop("out_dir", None)
+    keep = [k for k in CORE if k not in ("name", "out_dir")] + [recipe]
+    if recipe == "train":
+        keep = [k for k in keep if k not in ("teacher", "kd")]
+    identity = {k: tree[k] for k in keep if k in tree}
     for section, key in NEUTRAL:
-        tree.get(section, {}).pop(key, None)
-    return tree
+        identity.get(section, {}).pop(key, None)
+    return identity
 
 
 def teacher_job_config(cfg: Any, recorded: bool) -> Any:
@@ -133,10 +156,15 @@ def teacher_job_config(cfg: Any, recorded: bool) -> Any:
                       "train": tree["train"], "out_dir": tree["out_dir"]})
 
 
+def _digest(identity: dict[str, Any]) -> str:
+    """The sha256 of a run's identity (its config as sorted JSON)."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def _teacher_name(tcfg: Any, recorded: bool) -> tuple[str, str]:
     """The folder name of a shared teacher and the sha256 of what decides its weights (save_every aside)."""
     identity = _identity(tcfg)
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    digest = _digest(identity)
     name = f"{tcfg.model.name}-{tcfg.train.loss}-seed{tcfg.train.seed}-{digest[:10]}{'-traj' if recorded else ''}"
     return name, digest
 
@@ -213,6 +241,7 @@ def _check_folder(plan: Plan, job: Job) -> None:
         raise ConfigError(f"sweep run {job.name!r}: {e}") from None
     if _summary_done(folder, job.cfg.train.epochs):
         job.state, job.skipped = "done", True
+        job.ended()
 
 
 def plan_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str] | None = None) -> Plan:
@@ -294,8 +323,8 @@ def _shared_runs(spec: SweepSpec, students: list[Job], teachers: dict[str, Job])
             tree = to_dict(sub)
             if tree["data"].get("train_subset") is None:
                 tree["data"]["subset_seed"] = None
-            identity = {"recipe": recipe, **_identity(from_dict(tree))}
-            digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+            identity = {"recipe": recipe, **_identity(from_dict(tree), recipe)}
+            digest = _digest(identity)
             name = f"{SHARED}/{what}-{sub.model.name}-seed{sub.train.seed}-{digest[:10]}"
             if name not in jobs:
                 cfg = from_dict({**tree, "name": name, "out_dir": str(spec.out_dir),
@@ -330,10 +359,10 @@ def _duration(seconds: float | None) -> str:
         f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
-def epochs_done(job: Job) -> int:
-    """Epochs of the job's run logged so far (lines of its metrics.jsonl)."""
+def logged_epochs(folder: Path) -> int:
+    """Epochs a run folder has logged so far (lines of its metrics.jsonl)."""
     try:
-        with open(job.run_dir / "metrics.jsonl", "rb") as f:
+        with open(folder / "metrics.jsonl", "rb") as f:
             return sum(1 for _ in f)
     except OSError:
         return 0
@@ -373,7 +402,7 @@ class Progress:
     def line(self) -> str:
         c = self.plan.counts()
         running = [j for j in self.plan.jobs if j.state == "running"]
-        shown = ", ".join(f"{j.name} {epochs_done(j)}/{j.cfg.train.epochs}" for j in running[:3])
+        shown = ", ".join(f"{j.name} {j.epochs_now()}/{j.cfg.train.epochs}" for j in running[:3])
         more = f" +{len(running) - 3}" if len(running) > 3 else ""
         failed = c["failed"] + c["blocked"]
         return (f"sweep {self.plan.spec.name}: {c['done']}/{len(self.plan.jobs)} done, {c['running']} running, "
@@ -413,7 +442,7 @@ class Progress:
                 "teacher_forwards_saved": forwards_saved(self.plan),
                 "jobs": [{"name": j.name, "role": j.role, "recipe": j.recipe, "run_dir": str(j.run_dir),
                           "state": j.state, "skipped": j.skipped, "needs": j.needs, "after": j.after,
-                          "labels": j.labels, "epochs": j.cfg.train.epochs, "epochs_done": epochs_done(j),
+                          "labels": j.labels, "epochs": j.cfg.train.epochs, "epochs_done": j.epochs_now(),
                           "started": j.started, "finished": j.finished, "wall_s": j.wall_s,
                           "returncode": j.returncode, "error": j.error,
                           "log": str(j.attempt_log) if j.attempt_log else None} for j in self.plan.jobs]}
@@ -425,15 +454,7 @@ class Progress:
 
 def forwards_saved(plan: Plan) -> int:
     """Teacher forwards the students' caches saved (their summaries' ``cost.teacher_forwards_saved``)."""
-    total = 0
-    for job in plan.jobs:
-        if job.role == "student" and job.state == "done":
-            try:
-                summary = json.loads((job.run_dir / "summary.json").read_text())
-                total += int((summary.get("cost") or {}).get("teacher_forwards_saved") or 0)
-            except (OSError, ValueError, TypeError, AttributeError):
-                continue
-    return total
+    return sum(j.forwards_saved for j in plan.jobs if j.role == "student" and j.state == "done")
 
 
 # ----------------------------------------------------------------------------- running
@@ -510,6 +531,7 @@ def execute(plan: Plan, backend: Backend, progress: Progress, poll_s: float = 1.
             for handle, rc in backend.wait(list(handles), poll_s):
                 job = handles.pop(handle)
                 job.finished, job.returncode = time.time(), rc
+                job.ended()
                 if rc == 0 and (job.run_dir / "summary.json").is_file():
                     job.state = "done"
                     progress.event(f"done     {job.name}  {_duration(job.wall_s)}  {result_of(job)}")
@@ -524,6 +546,7 @@ def execute(plan: Plan, backend: Backend, progress: Progress, poll_s: float = 1.
         backend.stop(list(handles))
         for job in handles.values():
             job.state, job.finished, job.error = "failed", time.time(), "interrupted"
+            job.ended()
         progress.close()
         progress.write_status()
         raise
@@ -633,12 +656,7 @@ def show_status(path: str | Path, out_dir: str | None = None) -> str:
              f"{counts.get('running', 0)} running, {counts.get('failed', 0) + counts.get('blocked', 0)} failed, "
              f"{counts.get('queued', 0)} queued; ETA {_duration(status.get('eta_s'))} as of {_duration(age)} ago"]
     for job in jobs:
-        folder = Path(job["run_dir"])
-        try:
-            with open(folder / "metrics.jsonl", "rb") as f:
-                done = sum(1 for _ in f)
-        except OSError:
-            done = 0
+        done = logged_epochs(Path(job["run_dir"]))
         extra = f"  {job['error']}" if job.get("error") else ""
         lines.append(f"  {job['state']:<8} {done:>4}/{job['epochs']:<4} {job['name']}{extra}")
     return "\n".join(lines)

@@ -45,11 +45,16 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def run_logged(argv: list[str], env: dict[str, str], log: str) -> int:
-    """Run ``argv`` with ``env`` added, stdout and stderr appended to ``log``; its exit status."""
+def log_header(log: str | Path, argv: list[str]) -> None:
+    """Append the line that opens one attempt of a job to its log (time and arguments)."""
     with open(log, "ab") as f:
         f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[2:])}\n".encode())
-        f.flush()
+
+
+def run_logged(argv: list[str], env: dict[str, str], log: str) -> int:
+    """Run ``argv`` with ``env`` added, stdout and stderr appended to ``log``; its exit status."""
+    log_header(log, argv)
+    with open(log, "ab") as f:
         return subprocess.run(argv, env={**os.environ, **env}, stdout=f, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL).returncode
 
@@ -124,8 +129,7 @@ class LocalBackend(Backend):
             ("s" if self.threads > 1 else "")
 
     def start(self, argv: list[str], log: Path) -> Any:
-        with open(log, "ab") as f:
-            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv[2:])}\n".encode())
+        log_header(log, argv)
         if self._context is not None:
             proc = self._context.Process(target=_job_in_child, args=(argv[3:], str(log), self.threads))
             proc.start()
