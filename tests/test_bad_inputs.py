@@ -86,6 +86,17 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("not-finite", ["train", "{cfg}", "optim.lr=.nan"], {"cfg.yaml": TINY}, {}, "expected a finite number"),
     ("out-of-range", ["train", "{cfg}", "kd.alpha=1.5"], {"cfg.yaml": TINY}, {},
      "kd.alpha=1.5 is out of range: must be >= 0.0 and <= 1.0"),
+    # --- method-zoo options (issue 14): out of range, wrong choice, a combination, what the models lack
+    ("kd-divergence-choice", ["distill", "{cfg}", "kd.options.kd.divergence=kl"], {"cfg.yaml": TINY}, {},
+     "kd.options.kd.divergence='kl' is not allowed"),
+    ("kd-jsd-beta-range", ["distill", "{cfg}", "kd.options.kd.jsd_beta=1.5"], {"cfg.yaml": TINY}, {},
+     "kd.options.kd.jsd_beta=1.5 is out of range: must be >= 0.0 and <= 1.0"),
+    ("kd-top-k-with-tv", ["distill", "{cfg}", "kd.options.kd={divergence: tv, top_k: 2}"], {"cfg.yaml": TINY}, {},
+     "kd.options.kd.top_k=2 applies to divergence forward_kl only, not kd.options.kd.divergence=tv"),
+    ("kd-top-k-classes", ["distill", "{cfg}", "kd.options.kd.top_k=4"], {"cfg.yaml": TINY}, {},
+     "kd.options.kd.top_k=4 must be below the number of classes (4): allowed 1..3"),
+    ("prokd-standardize-type", ["run", "prokd", "{cfg}", "prokd.logit_standardize=maybe"], {"cfg.yaml": TINY}, {},
+     "prokd.logit_standardize='maybe' is not allowed"),
     ("bad-choice", ["train", "{cfg}", "optim.name=adam"], {"cfg.yaml": TINY}, {},
      "optim.name='adam' is not allowed (did you mean 'adamw'?); choose one of: sgd, adamw"),
     ("unknown-model", ["train", "{cfg}", "model.name=resnet2O"], {"cfg.yaml": TINY}, {}, "unknown model 'resnet2O'"),
@@ -205,7 +216,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 79 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 84 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

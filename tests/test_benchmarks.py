@@ -139,3 +139,11 @@ def test_ddp_scaling_one_and_two_processes(tmp_path):
     assert "--batch 7 does not divide among 2 processes" in subprocess.run(
         [sys.executable, str(BENCH / "ddp_scaling.py"), "--procs", "1", "2", "--batch", "7"], capture_output=True,
         text=True).stderr
+
+
+def test_zoo_study_quick(tmp_path):
+    arms = "kd,kd TV,dist,nst,fsp,ofd,mlkd"
+    out = run("zoo_study.py", "--quick", "--arms", arms, "--out", str(tmp_path / "z"), cwd=tmp_path)
+    for arm in arms.split(","):
+        assert f"| {arm} |" in out
+    assert "| no KD |" in out and "not run in this setting" not in out

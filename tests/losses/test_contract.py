@@ -47,7 +47,11 @@ def build(name: str, dtype: torch.dtype = torch.float32):
         x = torch.randn(2, *SHAPE, dtype=dtype)
         s_probe, t_probe = s_tap(x), t_tap(x)
         student.train()
-    objective = build_objective(name, s_probe, t_probe, num_classes=CLASSES, num_samples=NUM_SAMPLES).to(dtype)
+    # a method whose main-stage weight is 0 by default (FSP, AB: the reference pre-trains with them and then
+    # trains on CE) is checked as the plain loss it also is, at weight 1
+    gamma = {name: 1.0} if LOSSES.get(name).default_weight == 0 else {}
+    objective = build_objective(name, s_probe, t_probe, num_classes=CLASSES, num_samples=NUM_SAMPLES,
+                                teacher_model=t_tap, gamma=gamma).to(dtype)
     objective.train()
     batch = Batch(torch.randn(BATCH, *SHAPE, dtype=dtype), torch.arange(BATCH) % CLASSES,
                   torch.arange(BATCH) * 7 % NUM_SAMPLES)
@@ -163,6 +167,9 @@ def test_registered_options_are_what_init_accepts(name):
     params = inspect.signature(cls.__init__).parameters
     assert params["num_classes"].kind is params["num_samples"].kind is inspect.Parameter.KEYWORD_ONLY
     kw = {"num_classes": CLASSES, "num_samples": NUM_SAMPLES}
+    if cls.reads_teacher_model:
+        assert params["teacher_model"].kind is inspect.Parameter.KEYWORD_ONLY
+        kw["teacher_model"] = t_tap
     if options_cls is None:
         assert "options" not in params
         cls(s_probe, t_probe, **kw)
@@ -230,7 +237,7 @@ def test_bad_option_value_is_a_one_line_error_naming_the_key(name, field, value,
     text = str(info.value)
     assert "\n" not in text and text.startswith(prefix) and message in text, text
     taps = Taps(torch.zeros(2, CLASSES))
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as info:  # options are checked before anything reads the taps or the teacher
         build_objective(name, taps, taps, num_classes=CLASSES, num_samples=NUM_SAMPLES,
                         options={name: {field: value}})
     assert str(info.value) == text

@@ -348,8 +348,8 @@ def test_teacher_heads_use_the_full_split_unless_asked_for_the_students(tiny, mo
     seen: dict[str, int] = {}
     make_stage = HSAKD.training_stage
 
-    def counting(self, teacher):
-        stage = make_stage(self, teacher)
+    def counting(self, teacher, student=None):
+        stage = make_stage(self, teacher, student)
 
         def step(batch, progress):
             if progress.epoch == 0:

@@ -33,7 +33,7 @@ class Toy(DistillLoss):
     def transform_batch(self, batch: Batch) -> Batch:
         return batch.map_x(lambda x: x + 1)
 
-    def training_stage(self, teacher):
+    def training_stage(self, teacher, student=None):
         return TrainingStage("toy", {}, lambda b, p: None, lambda s, n: None, {}, 1) if self.stage else None
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, torch.Tensor]:

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -92,11 +93,17 @@ IMAGES = {"shape": [3, 8, 8], "num_classes": 4, "n_train": 120, "n_test": 40}
 
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_distils_through_the_recipe(tiny, method):
-    """Probe, build, train one epoch, checkpoint: a resnet8 student from a resnet14 teacher on 8x8 images."""
+    """Probe, build, train one epoch, checkpoint: a resnet8 student from a resnet14 teacher on 8x8 images.
+    Pre-training stages (FSP, AB, FT, HSAKD's heads) run one epoch; a method whose main-stage weight is 0 by
+    default (FSP, AB) is weighted 1 so that its term shows."""
+    options_cls = LOSSES.options_of(method)
+    fields = {f.name for f in dataclasses.fields(options_cls)} if options_cls else set()
+    options = {key: 1 for key in ("init_epochs", "teacher_head_epochs") if key in fields}
+    gamma = {method: 1.0} if LOSSES.get(method).default_weight == 0 else {}
     cfg = tiny(name=f"m-{method}", data={"options": IMAGES, "batch_size": 16},
                model={"name": "resnet8", "options": {}}, train={"epochs": 1, "progress": False},
                teacher={"model": {"name": "resnet14", "options": {}}, "epochs": 1},
-               kd={"method": method, "options": {"hsakd": {"teacher_head_epochs": 1}} if method == "hsakd" else {}})
+               kd={"method": method, "options": {method: options} if options else {}, "gamma": gamma})
     result = distill(cfg)
     record = json.loads((result.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert all(math.isfinite(v) for v in record["train"].values())

@@ -41,7 +41,9 @@ class DistillLoss(nn.Module):
     - ``default_weight``: the paper's gamma in ``L = CE + gamma * L_distill``;
     - ``replaces_ce``: True when the method computes its own label loss (the objective adds no CE);
     - ``token_level``: True when it compares per-token tensors, so teacher and student must share a tokenizer;
-    - ``regression_ok``: True when it reads no class probabilities (it distils real-valued outputs too).
+    - ``regression_ok``: True when it reads no class probabilities (it distils real-valued outputs too);
+    - ``reads_teacher_model``: True when the constructor also takes ``teacher_model=`` (the tapped, frozen
+      teacher module), for methods that read the teacher's parameters (OFD's BatchNorm margins).
 
     ``__init__(student, teacher, options=None, *, num_classes, num_samples)``: ``student``/``teacher`` are
     probed :class:`Taps` (batch of 2, eval mode, no grad); ``options`` the method's typed options (its
@@ -63,6 +65,8 @@ class DistillLoss(nn.Module):
     token_level: ClassVar[bool] = False
     #: reads no class probabilities, so it also distils real-valued outputs (regression tasks such as STS-B)
     regression_ok: ClassVar[bool] = False
+    #: the constructor takes ``teacher_model=`` (the tapped frozen teacher) besides the probed taps
+    reads_teacher_model: ClassVar[bool] = False
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
                  num_samples: int = 0) -> None:
@@ -80,10 +84,12 @@ class DistillLoss(nn.Module):
         The original samples must stay first (rows 0..B-1): the training metrics read them."""
         return batch
 
-    def training_stage(self, teacher: nn.Module) -> TrainingStage | None:
+    def training_stage(self, teacher: nn.Module, student: nn.Module | None = None) -> TrainingStage | None:
         """A training stage the recipe runs through the engine before the student trains (HSAKD: fit the
-        teacher's auxiliary heads with its backbone frozen). ``teacher`` is the frozen, tapped teacher
-        (called on inputs it returns :class:`Taps`). Default: none."""
+        teacher's auxiliary heads with its backbone frozen; FSP / AB: pre-train the student's body on the
+        feature loss; FT: train the paraphraser). ``teacher`` / ``student`` are the tapped teacher (frozen)
+        and student (called on inputs they return :class:`Taps`; the student module is ``student.model``).
+        Default: none."""
         return None
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:

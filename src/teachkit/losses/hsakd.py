@@ -303,7 +303,7 @@ class HSAKD(DistillLoss):
         """``x`` -> its 4 rotations (4B rows, originals first); ``y`` and ``index`` stay the B originals'."""
         return Batch(rotate4(batch.x), batch.y, batch.index)
 
-    def training_stage(self, teacher: nn.Module) -> TrainingStage:
+    def training_stage(self, teacher: nn.Module, student: nn.Module | None = None) -> TrainingStage:
         """The teacher-head stage (official ``--freezed`` step, see the module docstring): the heads
         (unfrozen here) learn the joint labels of the rotated batches from the frozen ``teacher``'s stage
         maps; ``finish`` freezes them again. ``teacher`` is the tapped, frozen teacher (returns Taps)."""

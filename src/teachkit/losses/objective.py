@@ -127,9 +127,10 @@ class DistillObjective(nn.Module):
             batch = method.transform_batch(batch)
         return batch
 
-    def training_stages(self, teacher: nn.Module) -> list[TrainingStage]:
-        """The training stages the methods need before the student trains (HSAKD's teacher heads)."""
-        stages = [m.training_stage(teacher) for m in self.methods.values()]
+    def training_stages(self, teacher: nn.Module, student: nn.Module | None = None) -> list[TrainingStage]:
+        """The training stages the methods need before the student trains (HSAKD's teacher heads, FT's
+        paraphraser, FSP / AB student pre-training), in the order the methods are listed."""
+        stages = [m.training_stage(teacher, student) for m in self.methods.values()]
         return [s for s in stages if s is not None]
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
@@ -159,11 +160,13 @@ def needs_of_modules(methods: Any, attr: str) -> set[str]:
 
 
 def build_objective(method: str | Sequence[str] | KDConfig, student: Taps, teacher: Taps, *, num_classes: int,
-                    num_samples: int, **kd: Any) -> DistillObjective:
+                    num_samples: int, teacher_model: nn.Module | None = None, **kd: Any) -> DistillObjective:
     """The :class:`DistillObjective` for ``method`` from probed student/teacher taps.
 
     ``method`` is a validated :class:`KDConfig`, or method name(s) with the other ``kd`` fields as keywords
-    (``alpha``, ``temperature``, ``gamma``, ``options``, ``ce_weight``), validated here.
+    (``alpha``, ``temperature``, ``gamma``, ``options``, ``ce_weight``), validated here. ``teacher_model``
+    (the tapped frozen teacher) goes to the methods that read the teacher's parameters
+    (``reads_teacher_model``); they refuse to build without it.
     """
     cfg = method if isinstance(method, KDConfig) else from_mapping(KDConfig, {"method": method, **kd}, "kd")
     weights, ce = cfg.weights()
@@ -174,5 +177,6 @@ def build_objective(method: str | Sequence[str] | KDConfig, student: Taps, teach
         if name == "kd" and options is not None and getattr(options, "temperature", 0) is None:
             options = dataclasses.replace(options, temperature=cfg.temperature)  # kd.temperature is KD's T
         args = () if LOSSES.options_of(name) is None else (options,)
-        modules[name] = cls(student, teacher, *args, num_classes=num_classes, num_samples=num_samples)
+        extra = {"teacher_model": teacher_model} if cls.reads_teacher_model else {}
+        modules[name] = cls(student, teacher, *args, num_classes=num_classes, num_samples=num_samples, **extra)
     return DistillObjective(modules, weights, ce)

@@ -76,7 +76,7 @@ def build_distill_objective(ctx: RunContext, student: nn.Module,
         s_probe, t_probe = s_tap(probe), t_tap(probe)
         student.train(was)
     objective = build_objective(ctx.cfg.kd, s_probe, t_probe, num_classes=ctx.splits.num_classes,
-                                num_samples=len(ctx.splits.train))
+                                num_samples=len(ctx.splits.train), teacher_model=t_tap)
     return objective.to(ctx.device), s_tap, t_tap
 
 
@@ -142,7 +142,7 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
     ctx.seed()
     student = ctx.model()
     objective, s_tap, t_tap = build_distill_objective(ctx, student, teacher)
-    stages = objective.training_stages(t_tap)
+    stages = objective.training_stages(t_tap, s_tap)
     for stage in stages:
         run_stage(ctx, stage)
 

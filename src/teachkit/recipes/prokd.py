@@ -41,6 +41,7 @@ from teachkit.engine import Callback, Trainer
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.losses.kd import kd_kl
 from teachkit.losses.label_losses import squared_error as label_squared_error
+from teachkit.losses.logit_standardization import standardize_logits
 from teachkit.models import Tapped
 from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
@@ -68,6 +69,9 @@ class ProKDOptions(Options):
     elements (``F.mse_loss``: C times smaller gradients at the same lr). ``loss``: phase I fits the paper's
     logit regression (``mse``), or the teacher checkpoint's softened distribution, T_i^2 KL(p_t^T_i || p_s^T_i)
     (``kl``: word-level distillation that follows the trajectory; on translation both apply per target token).
+    ``logit_standardize``: z-score the student's and the teacher's logits (over classes, per sample or
+    token) before every teacher-following term of prokd, annealing and rco (Sun et al. CVPR 2024,
+    :mod:`teachkit.losses.logit_standardization`); phase II's CE reads the raw logits.
     """
 
     mode: Literal["auto", "online", "replay"] = "auto"
@@ -77,6 +81,7 @@ class ProKDOptions(Options):
     checkpoint_at: Literal["end", "start"] = "end"
     reduction: Literal["sum", "mean"] = "sum"
     loss: Literal["mse", "kl"] = "mse"
+    logit_standardize: bool = False
 
 
 @dataclass
@@ -216,6 +221,7 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     ctx.seed()
     student = ctx.model()
     tau_max, reduction, alpha, phase1_loss = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha, cfg.prokd.loss
+    standardize = cfg.prokd.logit_standardize
     if phase1_loss == "kl" and is_regression(ctx.splits.task):
         raise ConfigError("prokd.loss=kl compares class distributions; real-valued targets need prokd.loss=mse")
     #: the teacher outputs of each teacher checkpoint followed, in order (the last one is in use)
@@ -245,15 +251,18 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         zt = outputs(batch).logits
         if outputs.cached:
             state["saved"] += batch.size
+        shown = zs
+        if standardize:  # teacher-following terms on z-scored logits; the metrics read the raw ones
+            zs, zt = standardize_logits(upcast(zs)), standardize_logits(upcast(zt))
         if stage.kind == "prokd":
             if phase1_loss == "kl":
-                return StepOutput({"prokd": kd_kl(zs, zt, stage.temperature)}, zs)
-            return StepOutput({"prokd": squared_error(zs, zt / stage.temperature, reduction)}, zs)
+                return StepOutput({"prokd": kd_kl(zs, zt, stage.temperature)}, shown)
+            return StepOutput({"prokd": squared_error(zs, zt / stage.temperature, reduction)}, shown)
         if stage.kind == "anneal":
             phi = 1.0 - (stage.temperature - 1.0) / tau_max
-            return StepOutput({"anneal": squared_error(zs, zt * phi, reduction)}, zs)
-        return StepOutput({"ce": (1 - alpha) * F.cross_entropy(upcast(zs), batch.y),
-                           "kd": alpha * kd_kl(zs, zt, stage.temperature)}, zs)
+            return StepOutput({"anneal": squared_error(zs, zt * phi, reduction)}, shown)
+        return StepOutput({"ce": (1 - alpha) * F.cross_entropy(upcast(shown), batch.y),
+                           "kd": alpha * kd_kl(zs, zt, stage.temperature)}, shown)
 
     trainer = ctx.trainer(student, step, meta=ctx.meta(recipe), callbacks=[FollowTeacher(plan, recipe)])
     source.report(trainer)
