@@ -1,4 +1,5 @@
-"""What a feature pre-training stage reports: its loss on the validation split.
+"""Feature pre-training stages: what they report (their loss on the validation split) and how FSP / AB build
+theirs.
 
 FSP and AB pre-train the student's body on the feature loss alone, and FT trains the teacher's
 paraphraser to reconstruct the teacher's last stage (RepDistiller ``helper/pretrain.py``, ``init``),
@@ -14,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from teachkit.types import Evaluator, upcast
+from teachkit.errors import ConfigError
+from teachkit.types import Batch, Evaluator, Progress, StepOutput, TrainingStage, upcast
 
 #: Validation rows per forward when the run gives none.
 EVAL_BATCH = 256
@@ -62,3 +64,32 @@ def pretrain_optim(lr: float, weight_decay: float = 5e-4, momentum: float = 0.9)
     (no schedule, no warm-up) for the stage's epochs."""
     return {"name": "sgd", "lr": lr, "momentum": momentum, "nesterov": False, "weight_decay": weight_decay,
             "schedule": "constant", "warmup_epochs": 0.0}
+
+
+def student_pretraining_stage(name: str, loss_fn: Callable[[Tensor, Any, Any], Tensor], teacher: nn.Module,
+                              student: nn.Module | None, extra: dict[str, nn.Module], *, epochs: int,
+                              lr: float, method: str) -> TrainingStage | None:
+    """RepDistiller's ``init`` for FSP and AB: the student's body (and ``extra`` modules such as AB's
+    connectors) trained on the feature loss alone for ``epochs`` epochs, SGD at constant ``lr``, on the
+    student's transfer set, before the student's main training. ``loss_fn(x, student_taps, teacher_taps)``
+    gives the stage loss; the teacher runs under no grad. None when ``epochs`` is 0. The student's
+    classifier gets no gradient (the loss reads only stage maps), so it is left as initialised."""
+    if epochs <= 0:
+        return None
+    if student is None:
+        raise ConfigError(f"{method!r}'s pre-training stage needs the student; build it through the kd recipe")
+    model = student.model
+
+    def stage_loss(x: Tensor) -> Tensor:
+        with torch.no_grad():
+            t_taps = teacher(x)
+        return loss_fn(x, student(x), t_taps)
+
+    def step(batch: Batch, progress: Progress) -> StepOutput:
+        return StepOutput({method: stage_loss(batch.x)})
+
+    def evaluator(splits: Any, batch_size: int) -> Evaluator:
+        return StageLossEvaluator(stage_loss, [model, *extra.values()], splits.val, batch_size)
+
+    return TrainingStage(name=name, modules={"model": model, **extra}, step=step, evaluator=evaluator,
+                         optim=pretrain_optim(lr), epochs=epochs, data="student")
