@@ -95,6 +95,16 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "kd.options.kd.top_k=2 applies to divergence forward_kl only, not kd.options.kd.divergence=tv"),
     ("kd-top-k-classes", ["distill", "{cfg}", "kd.options.kd.top_k=4"], {"cfg.yaml": TINY}, {},
      "kd.options.kd.top_k=4 must be below the number of classes (4): allowed 1..3"),
+    ("nst-flat-stages", ["distill", "{cfg}", "kd.method=nst"], {"cfg.yaml": TINY}, {},
+     "'nst' needs spatial stage maps (B, C, H, W); student stage 0 has shape"),
+    ("fsp-flat-stages", ["distill", "{cfg}", "kd.method=fsp"], {"cfg.yaml": TINY}, {},
+     "'fsp' needs at least 2 stage maps on each side for a flow matrix; the probed models pair 1"),
+    ("fsp-init-epochs-range", ["distill", "{cfg}", "kd.method=fsp", "kd.options.fsp.init_epochs=-1"],
+     {"cfg.yaml": TINY}, {}, "kd.options.fsp.init_epochs=-1 is out of range: must be >= 0"),
+    ("ab-margin-range", ["distill", "{cfg}", "kd.method=ab", "kd.options.ab.margin=0"], {"cfg.yaml": TINY}, {},
+     "kd.options.ab.margin=0.0 is out of range: must be > 0.0"),
+    ("kdsvd-k-range", ["distill", "{cfg}", "kd.method=kdsvd", "kd.options.kdsvd.k=0"], {"cfg.yaml": TINY}, {},
+     "kd.options.kdsvd.k=0 is out of range: must be >= 1"),
     ("prokd-standardize-type", ["run", "prokd", "{cfg}", "prokd.logit_standardize=maybe"], {"cfg.yaml": TINY}, {},
      "prokd.logit_standardize='maybe' is not allowed"),
     ("bad-choice", ["train", "{cfg}", "optim.name=adam"], {"cfg.yaml": TINY}, {},
@@ -216,7 +226,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 84 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 89 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
