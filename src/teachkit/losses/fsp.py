@@ -1,28 +1,44 @@
 """Yim, Joo, Bae & Kim 2017, "A Gift from Knowledge Distillation: Fast Optimization, Network Minimization and
 Transfer Learning" (FSP, CVPR 2017), Eq. 1-2.
 
-The "flow of solution procedure" between two layers is their Gram matrix over the positions,
-``G[i, j] = sum_{h,w} F1[i, h, w] F2[j, h, w] / (h w)`` (Eq. 1), and FSP fits the student's flow matrices
-to the teacher's with a squared error (Eq. 2). The paper uses it to *pre-train* the student, then trains
-on the task alone.
+The "flow of solution procedure" between two layers is their Gram matrix over the positions (Eq. 1)
 
-The numbers are those of RepDistiller (HobbitLong/RepDistiller ``distiller_zoo/FSP.py``): one matrix per
-pair of consecutive maps, the larger map average-pooled to the smaller one's (square) size first, of shape
-(B, C_top, C_bottom) with the mean over positions; the loss of a pair is the mean over every element of
-``(G_s - G_t)^2``, and the pairs are summed. The student's and the teacher's maps must have the same
-channel counts. As in RepDistiller's ``train_student.py`` / ``helper/pretrain.py``, FSP is a pre-training
-stage: the student's body learns the flow matrices alone for ``init_epochs`` epochs (30; SGD, constant lr
-0.05, momentum 0.9, weight decay 5e-4: RepDistiller's ``init``), then the student trains on CE alone
-(``helper/loops.py`` sets ``loss_kd = 0`` for FSP): its main-stage weight is 0. The stage runs through the
-engine in the run folder's ``fsp_init/`` (checkpoints, exact resume; a finished stage is loaded).
+    G[i, j] = sum_{h,w} F1[h, w, i] F2[h, w, j] / (h w),
 
-Both uses are offered: the stage (``init_epochs`` > 0, default) and the plain loss added to CE during the
-main training (``kd.gamma.fsp`` > 0, e.g. with ``init_epochs: 0``).
+and FSP fits the student's flow matrices to the teacher's with a squared error (Eq. 2,
+``sum_i lambda_i ||G_i^T - G_i^S||_2^2`` averaged over the samples). The paper uses it to *pre-train* the
+student, then trains on the task alone.
 
-Deviation: RepDistiller's maps are ``feat[:-1]``, the stem's output and the three stage outputs, so
-three pairs; teachkit's ``stages`` are the stage outputs without the stem, so a CIFAR ResNet gives the
-two pairs (stage 1, stage 2) and (stage 2, stage 3). With different stage counts the last
-``min(n_s, n_t)`` stages are used. Non-square maps are pooled per dimension (same for square maps).
+The numbers are those of RepDistiller (HobbitLong/RepDistiller): ``distiller_zoo/FSP.py`` (``FSP``),
+``train_student.py`` (``feat[:-1]``, ``init_trainable_list``), ``helper/pretrain.py`` (``init``) and
+``helper/loops.py`` (the main stage). Conventions:
+
+- maps: the post-activation stage outputs (``stages``), one flow matrix per pair of consecutive maps; the
+  larger map of a pair is adaptive-average-pooled to the smaller one's size first. A matrix is
+  (B, C_top, C_bottom), the mean over positions of ``top[j] * bottom[i]``.
+- term: per pair, ``mean((G_s - G_t)^2)`` over batch and matrix entries (RepDistiller's ``compute_loss``:
+  equal lambda_i, and a mean rather than the paper's sum over entries), summed over the pairs. The teacher's
+  maps are detached (and computed under no grad). Student and teacher need equal channel counts per stage.
+- pre-training stage (``helper/pretrain.py`` ``init``, ``init_trainable_list`` = ``model_s.get_feat_modules()``):
+  the student's body learns the teacher's flow matrices alone for ``init_epochs`` epochs (30), SGD at a
+  constant ``init_lr`` (0.05, RepDistiller's ``--learning_rate``; its scripts give 0.01 for MobileNetV2 /
+  ShuffleNet students), momentum 0.9, weight decay 5e-4, batch size the run's, on the student's transfer
+  set, with the student in train mode and the teacher frozen. The student's classifier reads no stage map,
+  so it gets no gradient and stays as initialised. The ``kd`` recipe runs the stage through the engine in
+  the run folder's ``fsp_init/`` (NaN guard, checkpoints, exact resume; a finished stage is loaded, not
+  retrained).
+- default weight 0: after the stage RepDistiller trains the student on CE alone (``helper/loops.py`` sets
+  ``loss_kd = 0`` for ``fsp``; ``scripts/run_cifar_distill.sh`` runs ``--distill fsp -a 0 -b 50``, where
+  ``-b`` multiplies that 0), so the objective skips FSP in the main training.
+
+Both uses are offered: the stage then CE (defaults, the reference), and the plain loss added to CE in the
+main training (``kd.gamma.fsp`` > 0, with or without the stage: ``init_epochs: 0`` skips it).
+
+Deviations: RepDistiller's maps are ``feat[:-1]``, the stem's output and the stage outputs (three pairs for a
+CIFAR ResNet); teachkit's ``stages`` exclude the stem, so FSP uses the consecutive pairs of the available
+stages ((stage 1, stage 2) and (stage 2, stage 3) for a CIFAR ResNet). With different stage counts the last
+``min(n_s, n_t)`` stages are used (RepDistiller requires equal counts). Non-square maps are pooled per
+dimension to (min H, min W) (RepDistiller pools to a square of the smaller height; the same for square maps).
 """
 
 from __future__ import annotations
@@ -85,22 +101,25 @@ class FSP(DistillLoss):
         if len(pairs) < 2:
             raise ConfigError(f"'fsp' needs at least 2 stage maps on each side for a flow matrix; the probed models "
                               f"pair {len(pairs)} (name more in model.taps.stages)")
-        n_s = len(student.stages)
+        first_s, first_t = len(student.stages) - len(pairs), len(teacher.stages) - len(pairs)
         for i, (f_s, f_t) in enumerate(pairs):
+            name = f"student stage {first_s + i} / teacher stage {first_t + i}"
             if f_s.dim() != 4 or f_t.dim() != 4:
-                raise ConfigError(f"'fsp' needs spatial stage maps (B, C, H, W); stage pair {i} has shapes "
+                raise ConfigError(f"'fsp' needs spatial stage maps (B, C, H, W); {name} have shapes "
                                   f"{tuple(f_s.shape)} and {tuple(f_t.shape)}")
             if f_s.shape[1] != f_t.shape[1]:
-                raise ConfigError(f"'fsp' compares flow matrices, so student and teacher stages need equal channel "
-                                  f"counts: student stage {n_s - len(pairs) + i} has {f_s.shape[1]}, the paired "
-                                  f"teacher stage {f_t.shape[1]} (choose a pair of equal widths, or use at / nst)")
+                raise ConfigError(f"'fsp' compares flow matrices, so paired stages need equal channel counts: "
+                                  f"{name} have {f_s.shape[1]} and {f_t.shape[1]} channels (pair stages of equal "
+                                  "widths in model.taps.stages, or use at / nst)")
 
     def loss(self, student: Taps, teacher: Taps) -> Tensor:
+        """The term ``fsp`` (RepDistiller ``sum(FSP(...)(feat_s[:-1], feat_t[:-1]))`` on teachkit's stages)."""
         pairs = paired_stages(student.stages, teacher.stages)
         return sum(fsp_terms([s for s, _ in pairs], [t.detach() for _, t in pairs]))
 
     def training_stage(self, teacher: nn.Module, student: nn.Module | None = None) -> TrainingStage | None:
-        """RepDistiller's ``init``: the student's body learns the teacher's flow matrices alone first."""
+        """RepDistiller's ``init``: the student's body learns the teacher's flow matrices alone first (module
+        ``model`` = the student); None when ``init_epochs`` is 0."""
         def loss_fn(x: Any, s_taps: Taps, t_taps: Taps) -> Tensor:
             return self.loss(s_taps, t_taps)
 
