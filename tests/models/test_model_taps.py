@@ -57,7 +57,8 @@ def test_resnet20_taps(resnet20: nn.Module) -> None:
 
 def test_resnet20_tap_spec(resnet20: nn.Module) -> None:
     assert resnet20.tap_spec == TapSpec(
-        "fc", ("layer1", "layer2", "layer3"), ("layer1.2.preact", "layer2.2.preact", "layer3.2.preact")
+        "fc", ("layer1", "layer2", "layer3"), ("layer1.2.preact", "layer2.2.preact", "layer3.2.preact"),
+        stages_bn=("layer1.2.bn2", "layer2.2.bn2", "layer3.2.bn2"),
     )
     assert build_model("resnet56", (3, 32, 32), 10).tap_spec.stages_pre[0] == "layer1.8.preact"
 

@@ -87,7 +87,7 @@ class DenseNetBC(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(channels, num_classes)
         self.tap_spec = TapSpec(embedding="fc", stages=("trans1.relu", "trans2.relu", "relu"),
-                                stages_pre=("trans1.bn", "trans2.bn", "bn"))
+                                stages_pre=("trans1.bn", "trans2.bn", "bn"), stages_bn=("trans1.bn", "trans2.bn", "bn"))
         init_weights(self, linear="zero_bias")
 
     def forward(self, x: Tensor) -> Tensor:

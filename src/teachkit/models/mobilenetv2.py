@@ -79,7 +79,8 @@ class MobileNetV2(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Sequential(nn.Linear(self.last_channel, num_classes))
         stages = tuple(f"blocks.{g}" for g in STAGE_GROUPS)
-        self.tap_spec = TapSpec(embedding="classifier.0", stages=stages, stages_pre=stages)
+        self.tap_spec = TapSpec(embedding="classifier.0", stages=stages, stages_pre=stages,
+                                stages_bn=tuple(f"blocks.{g}.{SETTING[g][2] - 1}.conv.7" for g in STAGE_GROUPS))
         init_weights(self, linear="normal")
 
     def forward(self, x: Tensor) -> Tensor:

@@ -116,7 +116,8 @@ class CifarResNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)
         self.tap_spec = TapSpec(embedding="fc", stages=self.stage_names,
-                                stages_pre=tuple(f"{s}.{n - 1}.preact" for s in self.stage_names))
+                                stages_pre=tuple(f"{s}.{n - 1}.preact" for s in self.stage_names),
+                                stages_bn=tuple(f"{s}.{n - 1}.bn2" for s in self.stage_names))
         init_weights(self)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -115,7 +115,9 @@ class ResNet(nn.Module):
         setattr(self, head, nn.Linear(in_planes, num_classes))
         self.stage_names = tuple(f"layer{k}" for k in range(1, len(layers) + 1))
         self.tap_spec = TapSpec(embedding=head, stages=self.stage_names,
-                                stages_pre=tuple(f"layer{k}.{n - 1}.preact" for k, n in enumerate(layers, start=1)))
+                                stages_pre=tuple(f"layer{k}.{n - 1}.preact" for k, n in enumerate(layers, start=1)),
+                                stages_bn=tuple(f"layer{k}.{n - 1}.{'bn3' if block is Bottleneck else 'bn2'}"
+                                                for k, n in enumerate(layers, start=1)))
         init_weights(self)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -100,7 +100,8 @@ class ShuffleNetV1(nn.Module):
         self.stage_names = tuple(f"layer{k}" for k in range(1, len(out_planes) + 1))
         self.tap_spec = TapSpec(embedding="linear", stages=self.stage_names,
                                 stages_pre=tuple(f"layer{k}.{n - 1}.preact"
-                                                 for k, n in enumerate(num_blocks, start=1)))
+                                                 for k, n in enumerate(num_blocks, start=1)),
+                                stages_bn=tuple(f"layer{k}.{n - 1}.bn3" for k, n in enumerate(num_blocks, start=1)))
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))

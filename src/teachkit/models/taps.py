@@ -6,6 +6,9 @@ A :class:`TapSpec` names module paths (as in ``model.named_modules()``):
   penultimate feature the logits are computed from (``classifier(embedding) == logits``);
 - ``stages``: modules whose *outputs* are each stage's post-activation map;
 - ``stages_pre``: modules whose *outputs* are each stage's pre-activation map;
+- ``stages_bn``: not a tap but a declaration, one per ``stages_pre`` entry: the BatchNorm whose output (plus,
+  in a residual block, the shortcut) that stage's ReLU acts on (OFD reads its affine weight and bias for the
+  margin; mdistiller's ``get_bn_before_relu``);
 - ``extra``: any other named tap, ``name: "path"`` (the module's output) or ``"path:input"`` (its first
   input), e.g. ``model.taps.extra.block2="layer2.0:input"``;
 - ``logits``: for models returning a structured output (a mapping such as a Hugging Face ``ModelOutput``,
@@ -39,7 +42,7 @@ from teachkit.types import Inputs, Taps, call_model
 __all__ = ["TAP_NAMES", "TapSpec", "Tapped", "Taps", "spec_of", "unwrap"]
 
 TAP_NAMES = ("logits", "embedding", "stages", "stages_pre")
-_SPEC_KEYS = ("embedding", "stages", "stages_pre", "extra", "logits")
+_SPEC_KEYS = ("embedding", "stages", "stages_pre", "stages_bn", "extra", "logits")
 
 
 def _path_text(value: Any) -> Any:
@@ -85,6 +88,8 @@ class TapSpec:
     stages_pre: tuple[str, ...] = ()
     extra: dict[str, tuple[str, str]] = field(default_factory=dict)
     logits: str | None = None
+    #: the BatchNorm before each stage's ReLU, one per ``stages_pre`` entry (read by OFD; never hooked)
+    stages_bn: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Any) -> TapSpec:
@@ -100,7 +105,7 @@ class TapSpec:
         if logits is not None and not isinstance(logits, str):
             raise ConfigError(f"model.taps.logits must be the name of an output field; got {short_repr(logits)}")
         return cls(emb, _paths(d.get("stages"), "stages"), _paths(d.get("stages_pre"), "stages_pre"),
-                   _extra(d.get("extra")), logits)
+                   _extra(d.get("extra")), logits, _paths(d.get("stages_bn"), "stages_bn"))
 
 
 def _is_wrapper(model: nn.Module) -> bool:

@@ -64,7 +64,8 @@ class VGG(nn.Module):
         self.classifier = nn.Linear(cfg[-1][-1], num_classes)
         n = len(cfg)
         self.tap_spec = TapSpec(embedding="classifier", stages=tuple(f"relu{k}" for k in range(n)),
-                                stages_pre=tuple(f"block{k}" for k in range(n)))
+                                stages_pre=tuple(f"block{k}" for k in range(n)),
+                                stages_bn=tuple(f"block{k}.{3 * len(cfg[k]) - 2}" for k in range(n)))
         init_weights(self, linear="normal")
 
     def forward(self, x: Tensor) -> Tensor:

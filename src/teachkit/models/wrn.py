@@ -99,6 +99,7 @@ class WideResNet(nn.Module):
             embedding="fc",
             stages=("block2.layer.0.relu1", "block3.layer.0.relu1", "relu"),
             stages_pre=("block2.layer.0.bn1", "block3.layer.0.bn1", "bn1"),
+            stages_bn=("block2.layer.0.bn1", "block3.layer.0.bn1", "bn1"),
         )
         init_weights(self, linear="zero_bias")
 

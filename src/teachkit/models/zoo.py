@@ -31,7 +31,7 @@ MODELS: Registry[Builder] = Registry("model")
 @dataclass
 class ModelConfig(Options):
     """A zoo model by ``name`` with keyword ``options``; ``taps`` names module paths for models without a
-    tap spec (see :class:`teachkit.models.TapSpec`: embedding, stages, stages_pre, extra, logits)."""
+    tap spec (see :class:`teachkit.models.TapSpec`: embedding, stages, stages_pre, stages_bn, extra, logits)."""
 
     name: str = "mlp"
     options: dict[str, Any] = option(factory=dict)
