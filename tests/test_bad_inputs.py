@@ -105,6 +105,11 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "kd.options.ab.margin=0.0 is out of range: must be > 0.0"),
     ("kdsvd-k-range", ["distill", "{cfg}", "kd.method=kdsvd", "kd.options.kdsvd.k=0"], {"cfg.yaml": TINY}, {},
      "kd.options.kdsvd.k=0 is out of range: must be >= 1"),
+    ("ofd-teacher-without-batchnorm", ["distill", "{cfg}", "kd.method=ofd"], {"cfg.yaml": TINY}, {},
+     "'ofd' needs the BatchNorm before each stage's ReLU for its margins, but teacher model MLP declares none; "
+     "name them in teacher.model.taps.stages_bn"),
+    ("mlkd-temperature-range", ["distill", "{cfg}", "kd.method=mlkd", "kd.options.mlkd.temperature=0"],
+     {"cfg.yaml": TINY}, {}, "kd.options.mlkd.temperature=0.0 is out of range: must be > 0.0"),
     ("prokd-standardize-type", ["run", "prokd", "{cfg}", "prokd.logit_standardize=maybe"], {"cfg.yaml": TINY}, {},
      "prokd.logit_standardize='maybe' is not allowed"),
     ("bad-choice", ["train", "{cfg}", "optim.name=adam"], {"cfg.yaml": TINY}, {},
@@ -226,7 +231,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 89 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 91 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
