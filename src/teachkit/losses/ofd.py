@@ -41,6 +41,11 @@ drops layer1's); here every teacher stage declares its BN (``teacher.model.taps.
 ``stages_pre`` entry) and each distilled stage takes the margin of its own BN, which is what the reference
 computes in every pairing it supports. teachkit's VGG ``stages_pre`` include ``block0`` (mdistiller's stem
 ``f0``), so a VGG-VGG pair distils 5 stages where mdistiller distils 4; ``num_stages=4`` reproduces it.
+The teacher is teachkit's frozen teacher, in eval mode, so its pre-ReLU maps use its BNs' running statistics.
+mdistiller's ``OFD.train`` overrides ``Distiller.train`` without its ``self.teacher.eval()``, and the authors'
+CIFAR script (clovaai/overhaul-distillation) calls ``t_net.train()``, so there the teacher's maps are
+normalised with batch statistics (and its running statistics drift; the margins, from the affine parameters
+only, do not). The loss of given maps is the reference's.
 """
 
 from __future__ import annotations
