@@ -16,6 +16,7 @@ from teachkit.errors import ConfigError
 from teachkit.losses import LOSSES, Progress
 from teachkit.losses.fsp import FSP, INIT_STAGE, FSPOptions, fsp_matrix, fsp_terms
 from teachkit.losses.stage_eval import StageLossEvaluator, pretrain_optim
+from teachkit.models import Tapped, TapSpec
 from teachkit.types import Batch, Taps
 
 from . import helpers
@@ -139,6 +140,36 @@ def test_stage_pairs_on_zoo_models():
     out = FSP(s_probe, t_probe)(s_probe, t_probe, batch_of(2), P)["fsp"]
     expected = sum(fsp_terms(s_probe.stages, t_probe.stages))
     assert out.item() == pytest.approx(expected.item()) and len(fsp_terms(s_probe.stages, t_probe.stages)) == 2
+
+
+def _repdistiller_feats(model, x):
+    """RepDistiller ResNet ``forward(is_feat=True)``'s ``feat[:-1]``: the stem's ReLU output, then each stage's."""
+    f = model.relu(model.bn1(model.conv1(x)))
+    feats = [f]
+    for name in model.stage_names:
+        f = getattr(model, name)(f)
+        feats.append(f)
+    return feats
+
+
+def test_stem_in_the_taps_gives_repdistillers_three_pairs():
+    # naming the stem in both tap specs (model.taps / teacher.model.taps) reproduces feat[:-1] exactly
+    student, teacher = make_pair("resnet8", "resnet14", shape=SHAPE)
+    student, teacher = student.double().eval(), teacher.double().eval()
+    spec = TapSpec.from_dict({"stages": ["relu", "layer1", "layer2", "layer3"]})
+    s_tap, t_tap = Tapped(student, spec, want=("stages",)), Tapped(teacher, spec, want=("stages",))
+    x = torch.randn(4, *SHAPE, dtype=torch.float64, requires_grad=True)
+    s_taps, t_taps = s_tap(x), t_tap(x)
+    assert len(s_taps.stages) == len(t_taps.stages) == 4
+    loss = FSP(s_taps, t_taps)
+    ours = loss(s_taps, t_taps, batch_of(4), P)["fsp"]
+    with torch.no_grad():
+        g_t = _repdistiller_feats(teacher, x)
+    ref_groups = _reference_fsp(_repdistiller_feats(student, x), g_t)
+    assert len(ref_groups) == 3
+    ref = sum(ref_groups)
+    close(ours, ref)
+    close(torch.autograd.grad(ours, x)[0], torch.autograd.grad(ref, x)[0])
 
 
 def test_registered_defaults():

@@ -27,12 +27,12 @@ Conventions:
   ``(1 + H_s - H_t, 1 + W_s - W_t)`` (1x1 for equal sizes: the paper's conv1x1 + BN connector).
 - pre-training stage (``train_student.py`` ``init_trainable_list`` = connector + ``model_s.get_feat_modules()``,
   ``helper/pretrain.py`` ``init``): the student's body and the connectors learn the boundaries alone for
-  ``init_epochs`` epochs (30), SGD at a constant ``init_lr`` (0.05, RepDistiller's ``--learning_rate``;
-  its scripts give 0.01 for MobileNetV2 / ShuffleNet students), momentum 0.9, weight decay 5e-4, batch size
-  the run's, on the student's transfer set, with the student (and connectors) in train mode and the teacher
-  frozen. The student's classifier reads no stage map, so it gets no gradient and stays as initialised. The
-  ``kd`` recipe runs the stage through the engine in the run folder's ``ab_init/`` (NaN guard, checkpoints,
-  exact resume; a finished stage is loaded, not retrained).
+  ``init_epochs`` epochs (30), SGD at a constant ``init_lr`` (0.05, RepDistiller's ``--learning_rate``,
+  which its ``train_student.py`` lowers to 0.01 for MobileNetV2 / ShuffleNet students), momentum 0.9,
+  weight decay 5e-4, batch size the run's, on the student's transfer set, with the student (and connectors)
+  in train mode and the teacher frozen. The student's classifier reads no stage map, so it gets no gradient
+  and stays as initialised. The ``kd`` recipe runs the stage through the engine in the run folder's
+  ``ab_init/`` (NaN guard, checkpoints, exact resume; a finished stage is loaded, not retrained).
 - default weight 0: after the stage RepDistiller trains the student on CE alone (``helper/loops.py`` sets
   ``loss_kd = 0`` for ``abound``; ``scripts/run_cifar_distill.sh`` runs ``--distill abound -a 0 -b 1``), so
   the objective skips AB in the main training.

@@ -21,12 +21,12 @@ The numbers are those of RepDistiller (HobbitLong/RepDistiller): ``distiller_zoo
   maps are detached (and computed under no grad). Student and teacher need equal channel counts per stage.
 - pre-training stage (``helper/pretrain.py`` ``init``, ``init_trainable_list`` = ``model_s.get_feat_modules()``):
   the student's body learns the teacher's flow matrices alone for ``init_epochs`` epochs (30), SGD at a
-  constant ``init_lr`` (0.05, RepDistiller's ``--learning_rate``; its scripts give 0.01 for MobileNetV2 /
-  ShuffleNet students), momentum 0.9, weight decay 5e-4, batch size the run's, on the student's transfer
-  set, with the student in train mode and the teacher frozen. The student's classifier reads no stage map,
-  so it gets no gradient and stays as initialised. The ``kd`` recipe runs the stage through the engine in
-  the run folder's ``fsp_init/`` (NaN guard, checkpoints, exact resume; a finished stage is loaded, not
-  retrained).
+  constant ``init_lr`` (0.05, RepDistiller's ``--learning_rate``, which its ``train_student.py`` lowers to
+  0.01 for MobileNetV2 / ShuffleNet students: set ``init_lr: 0.01`` there), momentum 0.9, weight decay 5e-4,
+  batch size the run's, on the student's transfer set, with the student in train mode and the teacher frozen.
+  The student's classifier reads no stage map, so it gets no gradient and stays as initialised. The ``kd``
+  recipe runs the stage through the engine in the run folder's ``fsp_init/`` (NaN guard, checkpoints, exact
+  resume; a finished stage is loaded, not retrained).
 - default weight 0: after the stage RepDistiller trains the student on CE alone (``helper/loops.py`` sets
   ``loss_kd = 0`` for ``fsp``; ``scripts/run_cifar_distill.sh`` runs ``--distill fsp -a 0 -b 50``, where
   ``-b`` multiplies that 0), so the objective skips FSP in the main training.
@@ -35,10 +35,14 @@ Both uses are offered: the stage then CE (defaults, the reference), and the plai
 main training (``kd.gamma.fsp`` > 0, with or without the stage: ``init_epochs: 0`` skips it).
 
 Deviations: RepDistiller's maps are ``feat[:-1]``, the stem's output and the stage outputs (three pairs for a
-CIFAR ResNet); teachkit's ``stages`` exclude the stem, so FSP uses the consecutive pairs of the available
-stages ((stage 1, stage 2) and (stage 2, stage 3) for a CIFAR ResNet). With different stage counts the last
-``min(n_s, n_t)`` stages are used (RepDistiller requires equal counts). Non-square maps are pooled per
-dimension to (min H, min W) (RepDistiller pools to a square of the smaller height; the same for square maps).
+CIFAR ResNet); teachkit's ``stages`` exclude the stem, so by default FSP uses the consecutive pairs of the
+available stages ((stage 1, stage 2) and (stage 2, stage 3) for a CIFAR ResNet). To include the stem pair as
+RepDistiller does, name the stem in both tap specs, e.g. for the CIFAR ResNets
+``model.taps: {stages: [relu, layer1, layer2, layer3]}`` and the same under ``teacher.model.taps``: the maps are
+then exactly RepDistiller's ``feat[:-1]`` (test ``test_stem_in_the_taps_gives_repdistillers_three_pairs``).
+With different stage counts the last ``min(n_s, n_t)`` stages are used (RepDistiller requires equal counts).
+Non-square maps are pooled per dimension to (min H, min W) (RepDistiller pools to a square of the smaller
+height; the same for square maps).
 """
 
 from __future__ import annotations
