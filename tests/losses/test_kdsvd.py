@@ -4,7 +4,15 @@ import torch.nn.functional as F
 
 from teachkit.errors import ConfigError
 from teachkit.losses import Progress
-from teachkit.losses.kdsvd import KDSVD, KDSVDOptions, align_to, canonical_signs, kdsvd_terms, right_singular
+from teachkit.losses.kdsvd import (
+    KDSVD,
+    KDSVDOptions,
+    TopRightSingular,
+    align_to,
+    canonical_signs,
+    kdsvd_terms,
+    right_singular,
+)
 from teachkit.types import Taps
 
 from .helpers import make_pair, one_step
@@ -110,15 +118,91 @@ def test_canonical_signs_make_the_loss_independent_of_the_backends_sign_choice(m
     assert again[False] != pytest.approx(base[False], rel=1e-6)  # the reference's value depends on the signs
 
 
+def _rank_one(b, a=(1.0, 2.0, 2.0, 4.0)):
+    """A (1, C, 2, 2) map x[p, c] = a[p] b[c]: its only right singular vector is +-b/|b|."""
+    return (torch.tensor(b, dtype=torch.float64)[:, None] * torch.tensor(a, dtype=torch.float64)).reshape(1, -1, 2, 2)
+
+
+def test_hand_computed_two_stages():
+    # C = 2, k = 1, one sample, rank-1 maps. Teacher vectors: stage 1 (0.6, 0.8), stage 2 (1, 0); student:
+    # stage 1 -(0.8, 0.6) (its second vector is the orthogonal (-0.6, 0.8) with singular value 0, the other
+    # two of its k + 3 = 4 are zero padding), stage 2 (1, 0). Alignment picks the cosine +-0.96 vector with its
+    # sign, so v_s1 = (0.8, 0.6); the normalised singular value of k = 1 is 1. RBF[c, c'] =
+    # exp(-(v2[c] - v1[c'])^2 / 8): student differences [[0.2, 0.4], [-0.8, -0.6]], teacher [[0.4, 0.2],
+    # [-0.6, -0.8]], so the loss is 2 (e^-0.005 - e^-0.02)^2 + 2 (e^-0.08 - e^-0.045)^2
+    # = 2 (0.99501248 - 0.98019867)^2 + 2 (0.92311635 - 0.95599748)^2 = 0.0026012358.
+    g_s = [_rank_one((-0.8, -0.6)), _rank_one((1.0, 0.0))]
+    g_t = [_rank_one((3.0, 4.0)), _rank_one((2.0, 0.0))]
+    v, s = right_singular(g_s[0], 4)
+    assert v.shape == (1, 2, 4) and s.flatten().tolist() == pytest.approx([1.0, 0.0, 0.0, 0.0], abs=1e-12)
+    (term,) = kdsvd_terms(g_s, g_t)
+    assert term.item() == pytest.approx(0.0026012358261493043, rel=1e-9)
+    assert kdsvd_terms(g_t, g_t)[0].item() == pytest.approx(0.0, abs=1e-15)  # student = teacher
+
+
+@pytest.mark.parametrize(("m", "c", "n"), [(16, 8, 4), (5, 8, 4), (3, 8, 5), (8, 8, 1)])
+def test_truncated_svd_backward_is_torchs(m, c, n):
+    # random float64 matrices (distinct singular values): same gradients as differentiating torch.linalg.svd,
+    # and the same as finite differences; a sign-invariant function of the vectors plus the values
+    g = torch.Generator().manual_seed(m * c + n)
+    x = torch.randn(2, m, c, dtype=torch.float64, generator=g, requires_grad=True)
+    kept = min(n, m, c)
+    w, w_s = torch.randn(2, c, kept, dtype=torch.float64, generator=g), torch.randn(2, kept, dtype=torch.float64,
+                                                                                    generator=g)
+
+    def f(v, s):
+        return ((v * w).sum(1) ** 2).sum() + (s * w_s).sum()
+
+    _, s_ref, vh_ref = torch.linalg.svd(x, full_matrices=False)
+    ours, ref = f(*TopRightSingular.apply(x, n)), f(vh_ref[:, :kept].transpose(1, 2), s_ref[:, :kept])
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(ours, x)[0], torch.autograd.grad(ref, x)[0], rtol=1e-8,
+                               atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: f(*TopRightSingular.apply(x, n)), (x,))
+
+
+def test_dead_channels_exact_gradient_where_the_reference_gives_nan():
+    # 3 all-zero channels: three equal (zero) singular values among the dropped ones. The kept 4 are simple, so
+    # the loss is smooth there: our gradient passes the finite-difference check; torch.svd's is NaN.
+    g = torch.Generator().manual_seed(1)
+    x = [torch.randn(2, 8, 4, 4, dtype=torch.float64, generator=g), torch.randn(2, 8, 2, 2, dtype=torch.float64,
+                                                                                generator=g)]
+    x[0][:, 5:] = 0
+    x = [t.requires_grad_(True) for t in x]
+    g_t = [torch.randn(2, 8, 4, 4, dtype=torch.float64, generator=g).relu(),
+           torch.randn(2, 8, 2, 2, dtype=torch.float64, generator=g).relu()]
+    ours = sum(kdsvd_terms(x, g_t, canonical=False))
+    ref = sum(_Reference()(x, g_t))
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-14)  # the values agree
+    assert not torch.isfinite(torch.autograd.grad(ref, x[0])[0]).all()
+    grad = torch.autograd.grad(ours, x[0])[0]
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    assert torch.autograd.gradcheck(lambda a: sum(kdsvd_terms([a, x[1]], g_t)), (x[0],))
+
+
 def test_rank_deficient_features_give_finite_values_and_gradients():
+    # stage 1: an all-zero map (every singular value 0: value finite, gradient exactly 0); stage 2: one
+    # position (rank 1: one singular vector, not k or k + 3, the rest zero columns); stage 3: 1 x 2 positions,
+    # fewer than k = 3.
     f_s = [torch.zeros(3, 4, 4, 4, dtype=torch.float64, requires_grad=True),
-           torch.ones(3, 4, 1, 1, dtype=torch.float64, requires_grad=True)]  # zero map; one position (rank 1)
-    f_t = [torch.zeros(3, 4, 4, 4, dtype=torch.float64), torch.ones(3, 4, 1, 1, dtype=torch.float64)]
-    value = sum(kdsvd_terms(f_s, f_t))
-    value.backward()
-    assert torch.isfinite(value) and all(torch.isfinite(f.grad).all() for f in f_s)
-    v, s = right_singular(f_s[1].detach(), 4)  # one position: one singular vector, not 4
-    assert v.shape == (3, 4, 1) and s.shape == (3, 1)
+           torch.rand(3, 4, 1, 1, dtype=torch.float64, requires_grad=True),
+           torch.rand(3, 4, 1, 2, dtype=torch.float64, requires_grad=True)]
+    f_t = [torch.zeros(3, 4, 4, 4, dtype=torch.float64), torch.ones(3, 4, 1, 1, dtype=torch.float64),
+           torch.rand(3, 4, 1, 2, dtype=torch.float64)]
+    for k in (1, 3):
+        value = sum(kdsvd_terms(f_s, f_t, k))
+        grads = torch.autograd.grad(value, f_s)
+        assert torch.isfinite(value) and all(torch.isfinite(g).all() for g in grads)
+        assert torch.count_nonzero(grads[0]) == 0 and grads[2].abs().sum() > 0
+    v, s = right_singular(f_s[1].detach(), 4)  # one position: one singular vector, three zero columns
+    assert v.shape == (3, 4, 4) and torch.count_nonzero(v[..., 1:]) == 0
+    assert s[:, 0].tolist() == pytest.approx([1.0] * 3) and torch.count_nonzero(s[:, 1:]) == 0
+    # C = 2 channels give 2 vectors, the next stage 3: the reference cannot broadcast 3 against 2; ours pads
+    g_s = [torch.rand(3, 2, 4, 4, dtype=torch.float64), torch.rand(3, 4, 4, 4, dtype=torch.float64)]
+    g_t = [torch.rand(3, 2, 4, 4, dtype=torch.float64), torch.rand(3, 4, 4, 4, dtype=torch.float64)]
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        _Reference(3)(g_s, g_t)
+    assert torch.isfinite(sum(kdsvd_terms(g_s, g_t, 3)))
 
 
 def test_one_training_step_on_zoo_models_and_options():

@@ -42,6 +42,34 @@ def test_hand_computed_one_channel_each():
     assert nst_term(t * 0.5, t).item() == pytest.approx(0.0, abs=1e-12)  # same pattern up to scale
 
 
+def test_hand_computed_two_student_channels_with_pooling():
+    # student channels s1 = (1, 0), s2 = (0, 1) over 2 positions; one teacher channel t = (1, 1)/sqrt 2.
+    # k(t, t) = 1; k(s, s) = [[1, 0], [0, 1]], mean 1/2; k(s_j, t) = (1/sqrt 2)^2 = 1/2 each, mean 1/2.
+    # MMD^2 = 1 + 1/2 - 2 * 1/2 = 1/2. The student is given at 2 x 4 and average-pooled to the teacher's 1 x 2:
+    # each channel's left / right 2 x 2 blocks average to its two positions.
+    s = torch.zeros(1, 2, 2, 4, dtype=torch.float64)
+    s[0, 0, :, :2] = 4.0  # -> (4, 0), normalised (1, 0)
+    s[0, 1, :, 2:] = 0.5  # -> (0, 0.5), normalised (0, 1)
+    t = torch.tensor([[[[2.0, 2.0]]]], dtype=torch.float64)
+    assert nst_term(s, t).item() == pytest.approx(0.5, abs=1e-12)
+    # an all-zero channel normalises to 0 (eps 1e-12) and adds k = 0 pairs: channels (1, 0) and 0 against t
+    # give k(s, s) mean 1/4, k(s, t) mean 1/4: 1 + 1/4 - 1/2 = 3/4, with a finite gradient
+    z = torch.tensor([[[[1.0, 0.0]], [[0.0, 0.0]]]], dtype=torch.float64, requires_grad=True)
+    value = nst_term(z, t)
+    assert value.item() == pytest.approx(0.75, abs=1e-12)
+    assert torch.isfinite(torch.autograd.grad(value, z)[0]).all()
+
+
+def test_one_dimensional_maps_are_read_as_width_one():
+    g = torch.Generator().manual_seed(2)
+    s, t = torch.rand(3, 4, 8, dtype=torch.float64, generator=g), torch.rand(3, 5, 4, dtype=torch.float64, generator=g)
+    # (the reference pools to a square of the smaller height, so it is given the student pooled over L by hand)
+    pooled = F.adaptive_avg_pool1d(s, 4)[..., None]
+    torch.testing.assert_close(nst_term(s, t), _reference_nst_loss(pooled, t[..., None]), rtol=1e-12, atol=0)
+    loss = NST(taps(s), taps(t))
+    assert loss(taps(s), taps(t), BATCH, P)["nst"].item() == pytest.approx(nst_term(s, t).item(), rel=1e-12)
+
+
 @pytest.mark.parametrize("shapes", [((4, 6, 4, 4), (4, 5, 4, 4)), ((3, 4, 8, 8), (3, 7, 4, 4)),
                                     ((3, 4, 2, 2), (3, 7, 4, 4))])
 def test_matches_repdistiller_values_and_input_gradients(shapes):

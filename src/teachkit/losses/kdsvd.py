@@ -2,35 +2,55 @@
 (KDSVD, ECCV 2018), Sec. 3.
 
 Each stage map, read as a (H W) x C matrix per sample, is compressed to its leading right singular
-vectors (one C-vector each), scaled by the teacher's normalised singular values. The knowledge is the
-*correlation between consecutive stages*: a Gaussian RBF ``exp(-(v_i - v'_j)^2 / 8)`` between every
-entry of one stage's vectors and the previous stage's, and the student's correlations are fitted to the
-teacher's with a squared error summed over every element and divided by the batch size.
+vectors (one C-vector each, the "compressed feature map"), scaled by the teacher's normalised singular
+values. The knowledge is the *correlation between consecutive stages*: a Gaussian RBF
+``exp(-(v_i - v'_j)^2 / 8)`` between every entry of one stage's vectors and the previous stage's, and the
+student's correlations are fitted to the teacher's with a squared error summed over every element and
+divided by the batch size; the terms of the consecutive stage pairs are summed.
 
-The numbers are those of RepDistiller (HobbitLong/RepDistiller ``distiller_zoo/KDSVD.py``, ``KDSVD(k=1)``):
-the teacher keeps k = 1 singular vector, the student k + 3 = 4, and each student vector is matched to the
-teacher vector it is most (absolutely) cosine-aligned with, with that cosine's sign (``align_rsv``), so the
-student's vectors follow the teacher's sign; singular vectors and values are L2-normalised
-(``F.normalize``, eps 1e-12), non-finite SVD outputs and loss elements are replaced by 0 (``removenan``,
-``torch.where(isfinite)``), the teacher's RBF is detached; the stages are ``feat[1:-1]`` (teachkit's
-``stages``, post-activation), and student and teacher stages must have equal channel counts (the alignment
-multiplies their C-vectors). Weight 1 (RepDistiller's and mdistiller's ``FEAT_WEIGHT`` 1 with CE 1).
-mdistiller's copy reshapes each map to (C H) x W instead of (H W) x C before the SVD; we follow
-RepDistiller, which is the paper's per-position reading.
+The numbers are those of RepDistiller (HobbitLong/RepDistiller ``distiller_zoo/KDSVD.py``, ``KDSVD(k=1)``,
+fed ``feat[1:-1]`` by ``helper/loops.py``: the stage outputs, teachkit's post-activation ``stages``):
 
-SVD signs: a singular vector is defined up to its sign, and which sign a backend returns is arbitrary
+- the teacher keeps k singular vectors, the student k + 3; each teacher vector takes the student vector
+  with the largest |cosine| to it, times that cosine's sign (``align_rsv``; every tie is kept, as the
+  reference's equality mask does), so the student's vectors follow the teacher's signs;
+- singular vectors and values are L2-normalised (``F.normalize``, eps 1e-12; vectors over C, values over
+  the kept ones, so with k = 1 the scale is exactly 1), non-finite SVD outputs and loss elements are
+  replaced by 0 (``removenan``, ``torch.where(isfinite)``), the teacher's RBF is detached (the teacher's
+  maps too: no gradient reaches it);
+- student and teacher stages must have equal channel counts (the alignment multiplies their C-vectors).
+
+Default weight 1: RepDistiller's ``scripts/run_cifar_distill.sh`` has no KDSVD line (``-b`` defaults to
+None) and the CRD paper does not run it; mdistiller's ``CFG.KDSVD.LOSS.FEAT_WEIGHT`` is 1 (CE 1, K 1).
+mdistiller's copy (``mdistiller/distillers/KDSVD.py``, stages ``feats[1:]``, the same three maps) reshapes
+each map to (C H) x W instead of (H W) x C before the SVD and casts to float32; we follow RepDistiller,
+which is the paper's per-position reading.
+
+SVD signs. A singular vector is defined up to its sign and which sign a backend returns is arbitrary
 (LAPACK, cuSOLVER and MAGMA differ). The reference aligns the student to the teacher but leaves the
-teacher's own sign to the backend, and the RBF between two stages depends on it. ``canonical_signs``
-(default on, a deliberate deviation) flips each teacher vector so that its largest-magnitude entry is
-positive, making the loss a function of the features alone; with ``canonical_signs: false`` the numbers
-are the reference's on the same backend.
+teacher's own sign to the backend, and the RBF between two stages depends on it. Deviation:
+``canonical_signs`` (default on) flips each teacher vector so that its largest-magnitude entry is
+positive (ties: the first), making the loss a function of the features alone (for post-ReLU maps the
+leading vector is the nonnegative Perron vector, so this is robust); ``canonical_signs: false`` gives the
+reference's numbers on the same backend.
 
-Rank-deficient features (fewer positions than singular vectors asked for, all-zero channels, a stage of
-identical rows): the SVD returns min(H W, C) vectors, so the student keeps at most that many; a zero
-map's vectors are whatever the backend returns (normalised; the value stays finite). The SVD's gradient
-divides by differences of squared singular values, so equal (e.g. zero) singular values give
-non-finite gradients: those entries of the gradient reaching the student's stage map are set to 0
-(a backward hook), the gradient counterpart of the reference's ``removenan``.
+Rank-deficient features. Deviation, gradient only: the reference differentiates ``torch.svd``, whose
+backward divides by ``s_j^2 - s_i^2`` for *every* pair of singular values, so two equal ones (two dead
+channels, a zero map) give NaN in the whole sample's gradient, although the kept vectors are smooth
+functions of the map whenever their singular values are simple. :class:`TopRightSingular` computes the
+same forward (``torch.linalg.svd``, equal to ``torch.svd`` in float64) and the same backward restricted
+to the kept vectors, with every reciprocal of a singular value or of a gap ``|s_i - s_j|`` at or below
+``max(H W, C) * eps(dtype) * s_max`` (numerically zero) taken as 0. So:
+
+- dead channels / repeated singular values among the dropped ones: the exact gradient (the reference: NaN);
+- a kept singular value equal to another (its vector is not unique): that pair's rotation is left out of
+  the gradient (a finite sub-gradient);
+- an all-zero map: value finite (its vectors are the backend's basis vectors, or 0), gradient 0;
+- fewer singular vectors than asked (H W or C below k, or below k + 3 for the student): the SVD has
+  min(H W, C) of them; the missing ones are zero vectors with singular value 0 (deviation: the reference
+  broadcasts mismatched counts between consecutive stages or fails), identical to the reference otherwise.
+
+Non-square maps are flattened over H W (the reference's ``view(-1, C, H * H)`` assumes H = W).
 """
 
 from __future__ import annotations
@@ -53,20 +73,54 @@ def _finite(x: Tensor) -> Tensor:
     return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
-def _finite_grad(x: Tensor) -> Tensor:
-    """``x`` itself, with non-finite entries of the gradient flowing back into it set to 0."""
-    if x.requires_grad:
-        x.register_hook(_finite)
-    return x
+def _safe_reciprocal(x: Tensor, keep: Tensor) -> Tensor:
+    """``1 / x`` where ``keep``, else 0 (no inf or NaN is formed, so none reaches a gradient)."""
+    return torch.where(keep, 1 / torch.where(keep, x, torch.ones_like(x)), torch.zeros_like(x))
+
+
+class TopRightSingular(torch.autograd.Function):
+    """(V, s) = the ``n`` leading right singular vectors, (B, C, n'), and values, (B, n'), of the thin SVD of
+    a (B, M, C) batch, n' = min(n, M, C); the backward is torch's SVD backward (gU = 0) on the kept vectors
+    with numerically zero singular values and gaps given reciprocal 0 (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, n: int) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        ctx.save_for_backward(u, s, vh)
+        ctx.kept = min(n, s.shape[-1])
+        return vh[:, :ctx.kept].transpose(-2, -1), s[:, :ctx.kept]
+
+    @staticmethod
+    def backward(ctx, g_v: Tensor | None, g_s: Tensor | None) -> tuple[Tensor, None]:  # type: ignore[override]
+        u, s, vh = ctx.saved_tensors
+        kept, m, c, r = ctx.kept, u.shape[-2], vh.shape[-1], s.shape[-1]
+        g_vh = torch.zeros_like(vh)
+        if g_v is not None:
+            g_vh[:, :kept] = g_v.transpose(-2, -1)
+        inner = torch.zeros_like(s).diag_embed()
+        if g_s is not None:
+            inner = torch.cat([g_s, torch.zeros_like(s[:, kept:])], dim=1).diag_embed()
+        tol = (max(m, c) * torch.finfo(s.dtype).eps * s.amax(dim=-1, keepdim=True)).unsqueeze(-1)  # (B, 1, 1)
+        # gA = U [S (skew(V^T gV) / E) + diag(gS)] V^T + U S^-1 gV^T (I - V V^T), E[a, b] = s_b^2 - s_a^2
+        x = vh @ g_vh.transpose(-2, -1)
+        e = s.unsqueeze(-2).pow(2) - s.unsqueeze(-1).pow(2)
+        distinct = (s.unsqueeze(-2) - s.unsqueeze(-1)).abs() > tol
+        inner = inner + s.unsqueeze(-1) * (x - x.transpose(-2, -1)) * _safe_reciprocal(e, distinct)
+        g_a = u @ inner @ vh
+        if c > r:  # the part of gV outside the row space (M < C)
+            inv_s = _safe_reciprocal(s, s > tol.squeeze(-1))
+            g_a = g_a + u @ (inv_s.unsqueeze(-1) * (g_vh - (g_vh @ vh.transpose(-2, -1)) @ vh))
+        return g_a, None
 
 
 def right_singular(feat: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """(V, s): the ``n`` leading right singular vectors of each sample's (H W) x C matrix, (B, C, n'), and the
-    singular values, (B, n'), with n' = min(n, H W, C); both L2-normalised (vectors over C, values over n')."""
-    x = feat.flatten(2).transpose(1, 2)
-    _, s, vh = torch.linalg.svd(x, full_matrices=False)
-    v = _finite(vh.transpose(-2, -1))[:, :, :n]
-    s = _finite(s)[:, :n]
+    """(V, s): the ``n`` leading right singular vectors of each sample's (H W) x C matrix, (B, C, n), and the
+    singular values, (B, n), both L2-normalised (vectors over C, values over the n); when the matrix has
+    fewer than n (min(H W, C) < n) the rest are zero columns / zero values."""
+    v, s = TopRightSingular.apply(feat.flatten(2).transpose(1, 2), n)
+    v, s = _finite(v), _finite(s)
+    if v.shape[-1] < n:
+        v, s = F.pad(v, (0, n - v.shape[-1])), F.pad(s, (0, n - s.shape[-1]))
     return F.normalize(v, dim=1), F.normalize(s, dim=1)
 
 
@@ -95,7 +149,7 @@ def kdsvd_terms(student_maps: list[Tensor], teacher_maps: list[Tensor], k: int =
         v_t, s_t = right_singular(upcast(f_t), k)
         if canonical:
             v_t = canonical_signs(v_t)
-        v_s, _ = right_singular(_finite_grad(upcast(f_s)), k + 3)
+        v_s, _ = right_singular(upcast(f_s), k + 3)
         v_s = align_to(v_s, v_t)
         scale = s_t.unsqueeze(1)
         v_t, v_s = v_t * scale, v_s * scale
