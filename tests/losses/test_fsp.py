@@ -189,7 +189,7 @@ BAD = [
     ("missing teacher stages", taps(torch.zeros(2, 4, 2, 2), torch.zeros(2, 4, 2, 2)), Taps(torch.zeros(2, 3)),
      "'fsp' needs the teacher's 'stages' tap"),
     ("one stage", taps(torch.zeros(2, 4, 2, 2)), taps(torch.zeros(2, 4, 2, 2), torch.zeros(2, 4, 2, 2)),
-     "needs at least 2 stage maps on each side .* pair 1"),
+     "needs at least 2 stage maps on each side; the probed models pair 1"),
     ("channel mismatch", taps(torch.zeros(2, 4, 2, 2), torch.zeros(2, 8, 2, 2)),
      taps(torch.zeros(2, 2, 4, 4), torch.zeros(2, 4, 2, 2), torch.zeros(2, 6, 2, 2)),
      "equal channel counts: student stage 1 / teacher stage 2 have 8 and 6 channels"),

@@ -221,7 +221,7 @@ def taps(*stage_maps):
     (Taps(torch.zeros(2, 3)), taps(torch.zeros(2, 4, 2, 2)), "'kdsvd' needs the student's 'stages' tap"),
     (taps(torch.zeros(2, 4, 2, 2)), taps(torch.zeros(2, 4, 2, 2)), "needs at least 2 stage maps"),
     (taps(torch.zeros(2, 4, 2, 2), torch.zeros(2, 8, 2, 2)), taps(torch.zeros(2, 4, 2, 2), torch.zeros(2, 6, 2, 2)),
-     "student stage 1 has 8, the paired teacher stage 6"),
+     "student stage 1 / teacher stage 1 have 8 and 6 channels"),
     (taps(torch.zeros(2, 4), torch.zeros(2, 4)), taps(torch.zeros(2, 4), torch.zeros(2, 4)), "spatial stage maps"),
 ])
 def test_bad_models_are_one_line_config_errors(student, teacher, match):

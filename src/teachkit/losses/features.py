@@ -15,7 +15,7 @@ from torch import Tensor
 from teachkit.errors import ConfigError
 from teachkit.types import Taps
 
-__all__ = ["as_map", "match_spatial", "paired_stages", "require_taps", "stage_index"]
+__all__ = ["as_map", "equal_width_stage_pairs", "match_spatial", "paired_stages", "require_taps", "stage_index"]
 
 #: Where each side's taps are named in the run configuration.
 _CONFIG_KEY = {"student": "model.taps", "teacher": "teacher.model.taps"}
@@ -68,3 +68,24 @@ def stage_index(key: str, side: str, index: int, count: int) -> int:
         raise ConfigError(f"{key}={index!r} is out of range: {side} has {count} stage(s), so it must be in "
                           f"{-count}..{count - 1}")
     return index % count
+
+
+def equal_width_stage_pairs(method: str, student: Taps, teacher: Taps, why: str) -> None:
+    """The checks of a method comparing consecutive stages of equal widths (FSP's flow matrices, KDSVD's
+    singular vectors): the ``stages`` tap on both sides, at least two paired stages, each a (B, C, H, W)
+    map, and equal channel counts per pair; ``why`` says why the widths must agree. One ConfigError line."""
+    require_taps(method, student, teacher, "stages")
+    pairs = paired_stages(student.stages, teacher.stages)
+    if len(pairs) < 2:
+        raise ConfigError(f"{method!r} compares consecutive stages, so it needs at least 2 stage maps on each side; "
+                          f"the probed models pair {len(pairs)} (name more in model.taps.stages)")
+    first_s, first_t = len(student.stages) - len(pairs), len(teacher.stages) - len(pairs)
+    for i, (f_s, f_t) in enumerate(pairs):
+        name = f"student stage {first_s + i} / teacher stage {first_t + i}"
+        if f_s.dim() != 4 or f_t.dim() != 4:
+            raise ConfigError(f"{method!r} needs spatial stage maps (B, C, H, W); {name} have shapes "
+                              f"{tuple(f_s.shape)} and {tuple(f_t.shape)}")
+        if f_s.shape[1] != f_t.shape[1]:
+            raise ConfigError(f"{method!r} {why}, so paired stages need equal channel counts: {name} have "
+                              f"{f_s.shape[1]} and {f_t.shape[1]} channels (pair stages of equal widths in "
+                              "model.taps.stages, or use at / nst)")

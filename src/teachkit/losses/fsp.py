@@ -52,9 +52,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from teachkit.errors import ConfigError
 from teachkit.losses.base import DistillLoss
-from teachkit.losses.features import match_spatial, paired_stages, require_taps
+from teachkit.losses.features import equal_width_stage_pairs, match_spatial, paired_stages
 from teachkit.losses.registry import LOSSES
 from teachkit.losses.stage_eval import student_pretraining_stage
 from teachkit.options import Options, option
@@ -100,21 +99,7 @@ class FSP(DistillLoss):
                  num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
         self.options = options or FSPOptions()
-        require_taps("fsp", student, teacher, "stages")
-        pairs = paired_stages(student.stages, teacher.stages)
-        if len(pairs) < 2:
-            raise ConfigError(f"'fsp' needs at least 2 stage maps on each side for a flow matrix; the probed models "
-                              f"pair {len(pairs)} (name more in model.taps.stages)")
-        first_s, first_t = len(student.stages) - len(pairs), len(teacher.stages) - len(pairs)
-        for i, (f_s, f_t) in enumerate(pairs):
-            name = f"student stage {first_s + i} / teacher stage {first_t + i}"
-            if f_s.dim() != 4 or f_t.dim() != 4:
-                raise ConfigError(f"'fsp' needs spatial stage maps (B, C, H, W); {name} have shapes "
-                                  f"{tuple(f_s.shape)} and {tuple(f_t.shape)}")
-            if f_s.shape[1] != f_t.shape[1]:
-                raise ConfigError(f"'fsp' compares flow matrices, so paired stages need equal channel counts: "
-                                  f"{name} have {f_s.shape[1]} and {f_t.shape[1]} channels (pair stages of equal "
-                                  "widths in model.taps.stages, or use at / nst)")
+        equal_width_stage_pairs("fsp", student, teacher, "compares flow matrices")
 
     def loss(self, student: Taps, teacher: Taps) -> Tensor:
         """The term ``fsp`` (RepDistiller ``sum(FSP(...)(feat_s[:-1], feat_t[:-1]))`` on teachkit's stages)."""

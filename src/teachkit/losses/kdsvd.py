@@ -61,9 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from teachkit.errors import ConfigError
 from teachkit.losses.base import DistillLoss
-from teachkit.losses.features import paired_stages, require_taps
+from teachkit.losses.features import equal_width_stage_pairs, paired_stages
 from teachkit.losses.registry import LOSSES
 from teachkit.options import Options, option
 from teachkit.types import Batch, Progress, Taps, upcast
@@ -185,20 +184,8 @@ class KDSVD(DistillLoss):
                  num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
         self.options = options or KDSVDOptions()
-        require_taps("kdsvd", student, teacher, "stages")
-        pairs = paired_stages(student.stages, teacher.stages)
-        if len(pairs) < 2:
-            raise ConfigError(f"'kdsvd' correlates consecutive stages, so it needs at least 2 stage maps on each "
-                              f"side; the probed models pair {len(pairs)} (name more in model.taps.stages)")
-        n_s = len(student.stages)
-        for i, (f_s, f_t) in enumerate(pairs):
-            if f_s.dim() != 4 or f_t.dim() != 4:
-                raise ConfigError(f"'kdsvd' needs spatial stage maps (B, C, H, W); stage pair {i} has shapes "
-                                  f"{tuple(f_s.shape)} and {tuple(f_t.shape)}")
-            if f_s.shape[1] != f_t.shape[1]:
-                raise ConfigError(f"'kdsvd' aligns student and teacher singular vectors over the channels, so "
-                                  f"paired stages need equal channel counts: student stage {n_s - len(pairs) + i} "
-                                  f"has {f_s.shape[1]}, the paired teacher stage {f_t.shape[1]}")
+        equal_width_stage_pairs("kdsvd", student, teacher,
+                                "aligns student and teacher singular vectors over the channels")
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         pairs = paired_stages(student.stages, teacher.stages)
