@@ -213,6 +213,20 @@ def test_one_training_step_on_zoo_models_and_options():
     assert objective.methods["kdsvd"].options == KDSVDOptions(k=2)
 
 
+def test_training_step_with_dead_student_channels_stays_finite():
+    # a very negative BN shift kills 3 of the student's 16 first-stage channels after the ReLU (repeated zero
+    # singular values, float32): the step's gradients and updated weights stay finite and the stage trains
+    student, teacher = make_pair("resnet8", "resnet20", shape=SHAPE)
+    with torch.no_grad():
+        student.layer1[0].bn2.bias[:3] = -100.0
+    before = student.layer1[0].conv1.weight.detach().clone()
+    terms, _, _ = one_step("kdsvd", student, teacher, shape=SHAPE, batch_size=4)
+    assert torch.isfinite(terms["kdsvd"]) and terms["kdsvd"].item() > 0
+    assert all(torch.isfinite(p).all() and (p.grad is None or torch.isfinite(p.grad).all())
+               for p in student.parameters())
+    assert not torch.equal(student.layer1[0].conv1.weight, before)
+
+
 def taps(*stage_maps):
     return Taps(torch.zeros(stage_maps[0].shape[0], 3), stages=list(stage_maps))
 

@@ -21,22 +21,26 @@ fed ``feat[1:-1]`` by ``helper/loops.py``: the stage outputs, teachkit's post-ac
 - student and teacher stages must have equal channel counts (the alignment multiplies their C-vectors).
 
 Default weight 1: RepDistiller's ``scripts/run_cifar_distill.sh`` has no KDSVD line (``-b`` defaults to
-None) and the CRD paper does not run it; mdistiller's ``CFG.KDSVD.LOSS.FEAT_WEIGHT`` is 1 (CE 1, K 1).
+None) and its README tables have no KDSVD row; mdistiller's ``CFG.KDSVD.LOSS.FEAT_WEIGHT`` is 1 (CE 1, K 1).
 mdistiller's copy (``mdistiller/distillers/KDSVD.py``, stages ``feats[1:]``, the same three maps) reshapes
 each map to (C H) x W instead of (H W) x C before the SVD and casts to float32; we follow RepDistiller,
-which is the paper's per-position reading.
+which is the paper's per-position reading (the authors' TensorFlow code, sseung0703/SSKD_SVD
+``nets/Distillation.py``, reshapes its NHWC maps to (H W) x C as well).
 
 SVD signs. A singular vector is defined up to its sign and which sign a backend returns is arbitrary
 (LAPACK, cuSOLVER and MAGMA differ). The reference aligns the student to the teacher but leaves the
-teacher's own sign to the backend, and the RBF between two stages depends on it. Deviation:
+teacher's own sign to the backend, and the RBF between two stages depends on it (the authors' TF
+``Align_rsv`` flips the teacher to the student instead: backend-dependent as well). Deviation:
 ``canonical_signs`` (default on) flips each teacher vector so that its largest-magnitude entry is
 positive (ties: the first), making the loss a function of the features alone (for post-ReLU maps the
 leading vector is the nonnegative Perron vector, so this is robust); ``canonical_signs: false`` gives the
 reference's numbers on the same backend.
 
 Rank-deficient features. Deviation, gradient only: the reference differentiates ``torch.svd``, whose
-backward divides by ``s_j^2 - s_i^2`` for *every* pair of singular values, so two equal ones (two dead
-channels, a zero map) give NaN in the whole sample's gradient, although the kept vectors are smooth
+backward divides by ``s_j^2 - s_i^2`` for *every* pair of singular values, so repeated ones (two dead
+channels, a zero map) give NaN in the whole sample's gradient when they come out exactly equal (exactly
+zero columns in float64 do; in float32 LAPACK usually returns distinct round-off values and the
+reference's gradient is then finite and, up to round-off, ours), although the kept vectors are smooth
 functions of the map whenever their singular values are simple. :class:`TopRightSingular` computes the
 same forward (``torch.linalg.svd``, equal to ``torch.svd`` in float64) and the same backward restricted
 to the kept vectors, with every reciprocal of a singular value or of a gap ``|s_i - s_j|`` at or below
