@@ -35,6 +35,7 @@ studies: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/mse_teacher_study.py
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/prokd_study.py
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/l2t_study.py
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/zoo_study.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
