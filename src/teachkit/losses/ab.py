@@ -50,7 +50,6 @@ objective's state (``methods.ab.connectors.*``) in the student checkpoints.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -176,11 +175,8 @@ class ActivationBoundaries(DistillLoss):
     def training_stage(self, teacher: nn.Module, student: nn.Module | None = None) -> TrainingStage | None:
         """RepDistiller's ``init``: the student's body and the connectors learn the boundaries alone first
         (modules ``model`` = the student, ``connectors``); None when ``init_epochs`` is 0."""
-        def loss_fn(x: Any, s_taps: Taps, t_taps: Taps) -> Tensor:
-            return self.loss(s_taps, t_taps)
-
         opts = self.options
-        return student_pretraining_stage(INIT_STAGE, loss_fn, teacher, student, {"connectors": self.connectors},
+        return student_pretraining_stage(INIT_STAGE, self.loss, teacher, student, {"connectors": self.connectors},
                                          epochs=opts.init_epochs, lr=opts.init_lr, method="ab")
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:

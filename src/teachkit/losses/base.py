@@ -43,7 +43,9 @@ class DistillLoss(nn.Module):
     - ``token_level``: True when it compares per-token tensors, so teacher and student must share a tokenizer;
     - ``regression_ok``: True when it reads no class probabilities (it distils real-valued outputs too);
     - ``reads_teacher_model``: True when the constructor also takes ``teacher_model=`` (the tapped, frozen
-      teacher module), for methods that read the teacher's parameters (OFD's BatchNorm margins).
+      teacher module), for methods that read the teacher's parameters (OFD's BatchNorm margins);
+    - ``frozen_parts``: names of teacher-side submodules fitted in a training stage and frozen otherwise
+      (HSAKD's teacher heads, FT's paraphraser): :meth:`freeze_parts` and :meth:`train` keep them frozen.
 
     ``__init__(student, teacher, options=None, *, num_classes, num_samples)``: ``student``/``teacher`` are
     probed :class:`Taps` (batch of 2, eval mode, no grad); ``options`` the method's typed options (its
@@ -67,12 +69,29 @@ class DistillLoss(nn.Module):
     regression_ok: ClassVar[bool] = False
     #: the constructor takes ``teacher_model=`` (the tapped frozen teacher) besides the probed taps
     reads_teacher_model: ClassVar[bool] = False
+    #: teacher-side submodules trained only in a training stage: no gradients and eval mode otherwise
+    frozen_parts: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
                  num_samples: int = 0) -> None:
         super().__init__()
         #: per-term weights inside the method (RKD's 25 / 50, DKD's alpha / beta); missing terms weigh 1
         self.term_weights: dict[str, float] = {}
+
+    def freeze_parts(self) -> None:
+        """No gradients and eval mode (frozen BatchNorm statistics) for every module in ``frozen_parts``."""
+        for name in self.frozen_parts:
+            part = getattr(self, name)
+            for p in part.parameters():
+                p.requires_grad_(False)
+            part.eval()
+
+    def train(self, mode: bool = True) -> DistillLoss:
+        """Everything follows ``mode`` except the ``frozen_parts``, which stay in eval mode."""
+        super().train(mode)
+        for name in self.frozen_parts:
+            getattr(self, name).eval()
+        return self
 
     def ramp(self, progress: Progress) -> float:
         """A factor on every term of this method at ``progress`` (a warm-up); default 1."""

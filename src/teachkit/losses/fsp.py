@@ -48,7 +48,6 @@ height; the same for square maps).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from torch import Tensor, nn
 
@@ -109,11 +108,8 @@ class FSP(DistillLoss):
     def training_stage(self, teacher: nn.Module, student: nn.Module | None = None) -> TrainingStage | None:
         """RepDistiller's ``init``: the student's body learns the teacher's flow matrices alone first (module
         ``model`` = the student); None when ``init_epochs`` is 0."""
-        def loss_fn(x: Any, s_taps: Taps, t_taps: Taps) -> Tensor:
-            return self.loss(s_taps, t_taps)
-
         opts = self.options
-        return student_pretraining_stage(INIT_STAGE, loss_fn, teacher, student, {}, epochs=opts.init_epochs,
+        return student_pretraining_stage(INIT_STAGE, self.loss, teacher, student, {}, epochs=opts.init_epochs,
                                          lr=opts.init_lr, method="fsp")
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:

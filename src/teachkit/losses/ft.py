@@ -183,6 +183,7 @@ class FactorTransfer(DistillLoss):
 
     student_needs = teacher_needs = ("stages",)
     term_names = ("ft",)
+    frozen_parts = ("paraphraser",)
     default_weight = 200.0
 
     def __init__(self, student: Taps, teacher: Taps, options: FTOptions | None = None, *, num_classes: int = 0,
@@ -208,22 +209,7 @@ class FactorTransfer(DistillLoss):
         self.factor_channels = factor_channels
         self.translator = Translator(c_s, factor_channels, opts.translator_bn)
         self.paraphraser = Paraphraser(c_t, factor_channels, opts.paraphraser_bn)
-        self.freeze_paraphraser()
-
-    # ------------------------------------------------------------------ the frozen paraphraser
-
-    def freeze_paraphraser(self) -> None:
-        """No gradients and eval mode for the paraphraser (it only encodes the teacher's map)."""
-        for p in self.paraphraser.parameters():
-            p.requires_grad_(False)
-        self.paraphraser.eval()
-
-    def train(self, mode: bool = True) -> FactorTransfer:
-        """The translator follows ``mode``; the paraphraser stays in eval mode (RepDistiller's
-        ``module_list[2].eval()``)."""
-        super().train(mode)
-        self.paraphraser.eval()
-        return self
+        self.freeze_parts()  # the paraphraser only encodes the teacher's map (RepDistiller's module_list[2].eval())
 
     # ------------------------------------------------------------------ the paraphraser stage
 
@@ -253,7 +239,7 @@ class FactorTransfer(DistillLoss):
         opts = self.options
         return TrainingStage(name=PARAPHRASER_STAGE, modules={"model": paraphraser}, step=step, evaluator=evaluator,
                              optim=pretrain_optim(opts.init_lr, opts.init_weight_decay), epochs=opts.init_epochs,
-                             batch_size=opts.init_batch_size, data=opts.init_data, finish=self.freeze_paraphraser)
+                             batch_size=opts.init_batch_size, data=opts.init_data, finish=self.freeze_parts)
 
     # ------------------------------------------------------------------ the student loss
 

@@ -251,6 +251,7 @@ class HSAKD(DistillLoss):
 
     student_needs = teacher_needs = ("logits", "stages")
     term_names = ("ce", "kd", "aux_kd", "aux_ce")
+    frozen_parts = ("teacher_heads",)
     default_weight = 1.0
     replaces_ce = True
 
@@ -281,21 +282,7 @@ class HSAKD(DistillLoss):
                                            for i in self.student_stages)
         self.teacher_heads = nn.ModuleList(build_head(t_shapes, i, out, self.head_blocks, self.head_max_width)
                                            for i in self.teacher_stages)
-        self.freeze_teacher_heads()
-
-    # ------------------------------------------------------------------ frozen teacher heads
-
-    def freeze_teacher_heads(self) -> None:
-        """No gradients and eval mode (frozen BN statistics) for the teacher heads."""
-        for p in self.teacher_heads.parameters():
-            p.requires_grad_(False)
-        self.teacher_heads.eval()
-
-    def train(self, mode: bool = True) -> HSAKD:
-        """Student heads follow ``mode``; the teacher heads stay in eval mode (frozen BN statistics)."""
-        super().train(mode)
-        self.teacher_heads.eval()
-        return self
+        self.freeze_parts()
 
     # ------------------------------------------------------------------ hooks
 
@@ -334,7 +321,7 @@ class HSAKD(DistillLoss):
                  "milestones": [round(f * epochs) for f in HEAD_MILESTONES], "gamma": 0.1, "warmup_epochs": 0.0}
         return TrainingStage(name=HEADS_STAGE, modules={"model": heads}, step=step, evaluator=evaluator,
                              optim=optim, epochs=epochs, batch_size=self.options.teacher_head_batch_size,
-                             data=self.options.teacher_head_data, finish=self.freeze_teacher_heads)
+                             data=self.options.teacher_head_data, finish=self.freeze_parts)
 
     # ------------------------------------------------------------------ the student loss
 

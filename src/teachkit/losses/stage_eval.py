@@ -66,12 +66,12 @@ def pretrain_optim(lr: float, weight_decay: float = 5e-4, momentum: float = 0.9)
             "schedule": "constant", "warmup_epochs": 0.0}
 
 
-def student_pretraining_stage(name: str, loss_fn: Callable[[Tensor, Any, Any], Tensor], teacher: nn.Module,
+def student_pretraining_stage(name: str, loss_fn: Callable[[Any, Any], Tensor], teacher: nn.Module,
                               student: nn.Module | None, extra: dict[str, nn.Module], *, epochs: int,
                               lr: float, method: str) -> TrainingStage | None:
     """RepDistiller's ``init`` for FSP and AB: the student's body (and ``extra`` modules such as AB's
     connectors) trained on the feature loss alone for ``epochs`` epochs, SGD at constant ``lr``, on the
-    student's transfer set, before the student's main training. ``loss_fn(x, student_taps, teacher_taps)``
+    student's transfer set, before the student's main training. ``loss_fn(student_taps, teacher_taps)``
     gives the stage loss; the teacher runs under no grad. None when ``epochs`` is 0. The student's
     classifier gets no gradient (the loss reads only stage maps), so it is left as initialised."""
     if epochs <= 0:
@@ -83,7 +83,7 @@ def student_pretraining_stage(name: str, loss_fn: Callable[[Tensor, Any, Any], T
     def stage_loss(x: Tensor) -> Tensor:
         with torch.no_grad():
             t_taps = teacher(x)
-        return loss_fn(x, student(x), t_taps)
+        return loss_fn(student(x), t_taps)
 
     def step(batch: Batch, progress: Progress) -> StepOutput:
         return StepOutput({method: stage_loss(batch.x)})
