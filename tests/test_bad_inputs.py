@@ -161,6 +161,37 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("plugin-missing-list", ["list", "--plugin", "badin_nosuch"], {}, {}, "plugin 'badin_nosuch' cannot be imported"),
     ("plugin-missing-eval", ["eval", "{tmp}/x.safetensors", "--plugin", "badin_nosuch"], {"x.safetensors": b"x"},
      {}, "plugin 'badin_nosuch' cannot be imported"),
+    ("plugin-raises-runtime-error", ["train", "{cfg}", "--plugin", "badin_boom"],
+     {"cfg.yaml": TINY, "badin_boom.py": "raise RuntimeError('CUDA driver missing')\n"}, {},
+     "plugin 'badin_boom' failed while being imported (RuntimeError: CUDA driver missing)"),
+    ("plugin-raises-env", ["train", "{cfg}"], {"cfg.yaml": TINY, "badin_boomenv.py": "1 / 0\n"},
+     {"TEACHKIT_PLUGINS": "badin_boomenv"}, "plugin 'badin_boomenv' failed while being imported (ZeroDivisionError"),
+    ("plugin-exits-eval", ["eval", "{tmp}/x.safetensors", "--plugin", "badin_exit"],
+     {"x.safetensors": b"x", "badin_exit.py": "import sys\nsys.exit(3)\n"}, {},
+     "plugin 'badin_exit' failed while being imported (SystemExit: 3)"),
+    # --- model factories (package.module:callable)
+    ("factory-os-system", ["train", "{cfg}", "model.name=os:system", "model.options={command: 'touch PWNED'}"],
+     {"cfg.yaml": TINY}, {}, "model.name 'os:system' resolves to 'os', part of the Python standard library"),
+    ("factory-subprocess", ["train", "{cfg}", "model.name=subprocess:Popen"], {"cfg.yaml": TINY}, {},
+     "resolves to 'subprocess', part of the Python standard library"),
+    ("factory-builtins", ["train", "{cfg}", "model.name=builtins:exec"], {"cfg.yaml": TINY}, {},
+     "resolves to 'builtins', part of the Python standard library"),
+    ("factory-not-a-module", ["train", "{cfg}", "model.name=badin_int:make", "model.options={}"],
+     {"cfg.yaml": TINY, "badin_int.py": "def make(input_shape, num_classes):\n    return 5\n"}, {},
+     "model 'badin_int:make' returned a int, not an nn.Module"),
+    ("factory-raises", ["train", "{cfg}", "model.name=badin_raise:make", "model.options={}"],
+     {"cfg.yaml": TINY, "badin_raise.py": "def make(input_shape, num_classes):\n    raise ValueError('no GPU')\n"},
+     {}, "model 'badin_raise:make' raised ValueError while being built: no GPU"),
+    ("factory-no-parameters", ["train", "{cfg}", "model.name=torch.nn:Flatten", "model.options={}"],
+     {"cfg.yaml": TINY}, {}, "model 'torch.nn:Flatten' (Flatten) has no parameters: nothing to train"),
+    ("factory-wrong-width", ["train", "{cfg}", "model.name=badin_wide:make", "model.options={}"],
+     {"cfg.yaml": TINY, "badin_wide.py": "from torch import nn\ndef make(input_shape):\n"
+                                         "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 13))\n"}, {},
+     "model 'badin_wide:make' outputs 13 values per sample but dataset 'synthetic' has 4 classes"),
+    ("factory-forward-fails", ["train", "{cfg}", "model.name=badin_shape:make", "model.options={}"],
+     {"cfg.yaml": TINY, "badin_shape.py": "from torch import nn\ndef make(num_classes):\n"
+                                          "    return nn.Linear(5, num_classes)\n"}, {},
+     "model 'badin_shape:make' fails on a batch of the data (inputs (2, 1, 8, 8)): RuntimeError"),
     # --- output folders and escaped I/O errors
     ("demo-out-is-a-file", ["demo", "--out", "{tmp}/out.txt", "--quick"], {"out.txt": "x"}, {},
      "demo --out '{tmp}/out.txt' is a file, not a folder"),
@@ -231,7 +262,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 91 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 102 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
@@ -253,7 +284,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, argv, files
 
 
 SUBPROCESS_ROWS = ("binary-config", "alias-bomb", "malformed-list-override", "demo-out-is-a-file",
-                   "plugin-missing-env", "escaped-os-error")
+                   "plugin-missing-env", "escaped-os-error", "factory-os-system", "factory-no-parameters")
 
 
 @pytest.mark.parametrize("row", SUBPROCESS_ROWS)

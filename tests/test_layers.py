@@ -1,7 +1,7 @@
 """The package's layers never import upwards: parsed from every import statement of every module (including
 imports inside functions), not from what happens to be loaded at run time.
 
-    errors < registry < options, types, distributed < data < models < losses < engine < tasks < config < recipes
+    errors < registry, trust < options, types, distributed < data < models < losses < engine < tasks < config < recipes
     < experiments < cli, api
 
 (the package root ``teachkit/__init__.py`` sits above everything: importing ``teachkit`` registers it all).
@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "teachkit"
 LAYERS = [
     ("teachkit.errors", 0),
     ("teachkit.registry", 1),
+    ("teachkit.trust", 1),
     ("teachkit.options", 2),
     ("teachkit.types", 2),
     ("teachkit.distributed", 2),

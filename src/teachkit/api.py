@@ -41,10 +41,12 @@ from teachkit.data import DataConfig, load_splits
 from teachkit.engine.checkpoint import atomic_write, save_checkpoint
 from teachkit.errors import ConfigError
 from teachkit.models import MODELS
+from teachkit.models.probe import check_model_on_data
 from teachkit.models.zoo import call_factory
 from teachkit.options import to_plain
 from teachkit.recipes import RECIPES
 from teachkit.recipes.common import RunResult, load_model
+from teachkit.trust import grant, trusting
 
 __all__ = ["Run", "distill", "load", "run", "train"]
 
@@ -59,9 +61,10 @@ class Run(RunResult):
         """The checkpoint file ``select`` (``last`` or ``best``, the best validation epoch)."""
         return self.run_dir / "checkpoints" / f"{select}.safetensors"
 
-    def load(self, select: str = "best", device: torch.device | str = "cpu") -> nn.Module:
-        """The model of checkpoint ``select`` (default: the best validation epoch), in eval mode."""
-        return load(self, select, device)
+    def load(self, select: str = "best", device: torch.device | str = "cpu", trust_code: bool = False) -> nn.Module:
+        """The model of checkpoint ``select`` (default: the best validation epoch), in eval mode (``trust_code``:
+        see :func:`load`)."""
+        return load(self, select, device, trust_code)
 
     def __repr__(self) -> str:
         s, m = self.summary, self.summary.get("select_metric", "acc")
@@ -115,6 +118,7 @@ def model_section(model: Any, role: str = "model") -> dict[str, Any]:
     if isinstance(model, Mapping):
         return dict(model)
     if isinstance(model, nn.Module):
+        check_materialised(model, role)
         instance = model
         name = _register_python_model(instance, type(instance).__qualname__,
                                       lambda input_shape, num_classes: copy.deepcopy(instance))
@@ -122,6 +126,7 @@ def model_section(model: Any, role: str = "model") -> dict[str, Any]:
     if callable(model):
         path = _importable(model)
         if path is not None:
+            grant(path)  # the user's own object: its run folders may name it in this process
             return {"name": path}
         factory = model
         label = getattr(factory, "__qualname__", type(factory).__name__).replace("<", "").replace(">", "")
@@ -137,8 +142,18 @@ def model_section(model: Any, role: str = "model") -> dict[str, Any]:
 # ----------------------------------------------------------------------------- data
 
 
+def check_materialised(module: nn.Module, role: str) -> None:
+    """A ConfigError when ``module`` holds meta-device tensors (shapes without values): nothing to copy or train."""
+    if any(t.is_meta for t in itertools.chain(module.parameters(), module.buffers())):
+        raise ConfigError(f"{role} {type(module).__name__} has parameters on the meta device (shapes without values); "
+                          "give a class or function that builds it, or materialise it first (module.to_empty("
+                          "device='cpu') and initialise its weights)")
+
+
 def _array(value: Any, what: str) -> np.ndarray:
     if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise ConfigError(f"data {what} is a meta-device tensor (a shape without values); give real data")
         return value.detach().cpu().numpy()
     try:
         out = np.asarray(value)
@@ -231,7 +246,14 @@ def _label(section: Mapping[str, Any]) -> str:
 
 
 def _run(recipe: str, tree: dict[str, Any], *, name: str | None, out_dir: str | Path, config: Any,
-         overrides: Mapping[str, Any] | None, resume: bool, quiet: bool) -> Run:
+         overrides: Mapping[str, Any] | None, resume: bool, quiet: bool, trust_code: bool) -> Run:
+    with trusting(trust_code):
+        return _run_trusted(recipe, tree, name=name, out_dir=out_dir, config=config, overrides=overrides,
+                            resume=resume, quiet=quiet)
+
+
+def _run_trusted(recipe: str, tree: dict[str, Any], *, name: str | None, out_dir: str | Path, config: Any,
+                 overrides: Mapping[str, Any] | None, resume: bool, quiet: bool) -> Run:
     base: dict[str, Any] = {}
     if isinstance(config, (str, Path)):
         base = read_yaml(config)
@@ -281,7 +303,8 @@ def _common(data: Any, out_dir: str | Path, epochs: int | None, lr: float | None
 def train(model: Any, data: Any, *, loss: str = "ce", epochs: int | None = None, lr: float | None = None,
           optimizer: str | None = None, batch_size: int | None = None, seed: int | None = None,
           device: str | None = None, name: str | None = None, out_dir: str | Path = "runs", config: Any = None,
-          overrides: Mapping[str, Any] | None = None, resume: bool = False, quiet: bool = False) -> Run:
+          overrides: Mapping[str, Any] | None = None, resume: bool = False, quiet: bool = False,
+          trust_code: bool = False) -> Run:
     """Train ``model`` on ``data``'s labels with ``loss`` (``ce``; ``mse``: the ECCV 2024 teacher, Eq. 4).
 
     Returns the finished :class:`Run` (its folder is ``out_dir/name``, default ``train-<model>``, numbered
@@ -290,7 +313,7 @@ def train(model: Any, data: Any, *, loss: str = "ce", epochs: int | None = None,
     tree["model"] = model_section(model)
     tree["train"]["loss"] = loss
     return _run("train", tree, name=name, out_dir=out_dir, config=config, overrides=overrides, resume=resume,
-                quiet=quiet)
+                quiet=quiet, trust_code=trust_code)
 
 
 def save_trained_module(module: nn.Module, data: Mapping[str, Any], out_dir: str | Path) -> Path:
@@ -300,6 +323,9 @@ def save_trained_module(module: nn.Module, data: Mapping[str, Any], out_dir: str
     ``teacher.allow_overlap`` is set, and then says so in its summary."""
     splits = load_splits(from_dict(dict(data), DataConfig))
     name = model_section(module, "teacher")["name"]
+    rows = torch.arange(min(2, len(splits.train)))
+    check_model_on_data(module, splits.train.x[rows], len(rows), splits.num_classes, splits.task,
+                        f"teacher {type(module).__name__}", splits.name)
     tensors = {f"model/{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
     digest = hashlib.sha256(name.encode())
     for key, value in sorted(tensors.items()):
@@ -356,7 +382,7 @@ def distill(student: Any, teacher: Any, data: Any, *, method: str | list[str] = 
         kd["alpha"] = alpha
     tree["kd"] = kd
     return _run("kd", tree, name=name, out_dir=out_dir, config=config, overrides=overrides, resume=resume,
-                quiet=quiet)
+                quiet=quiet, trust_code=trust_code)
 
 
 def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_trajectory: Any = None,
@@ -364,7 +390,8 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
         optimizer: str | None = None, batch_size: int | None = None, seed: int | None = None,
         device: str | None = None, teacher_epochs: int | None = None, teacher_loss: str | None = None,
         name: str | None = None, out_dir: str | Path = "runs", config: Any = None,
-        overrides: Mapping[str, Any] | None = None, resume: bool = False, quiet: bool = False) -> Run:
+        overrides: Mapping[str, Any] | None = None, resume: bool = False, quiet: bool = False,
+          trust_code: bool = False) -> Run:
     """Run any registered recipe (``teachkit list recipes``: prokd, annealing, rco, takd, eskd, ban, l2t...).
 
     ``teacher_trajectory`` is a teacher run recorded with ``train.save_every`` (Pro-KD replay, ESKD, RCO);
@@ -382,13 +409,17 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
             raise ConfigError(f"recipe {recipe!r} takes no options")
         tree[recipe] = dict(options)
     return _run(recipe, tree, name=name, out_dir=out_dir, config=config, overrides=overrides, resume=resume,
-                quiet=quiet)
+                quiet=quiet, trust_code=trust_code)
 
 
 def load(run_or_path: Run | RunResult | str | Path, select: str = "best",
-         device: torch.device | str = "cpu") -> nn.Module:
-    """The model saved in a run folder or checkpoint file (``select``: ``best`` or ``last``), in eval mode."""
+         device: torch.device | str = "cpu", trust_code: bool = False) -> nn.Module:
+    """The model saved in a run folder or checkpoint file (``select``: ``best`` or ``last``), in eval mode.
+
+    A model factory the checkpoint names (``package.module:factory``) is imported only when this process named
+    it or ``trust_code=True``: a run folder someone hands you is data, not code."""
     path = run_or_path.run_dir if isinstance(run_or_path, RunResult) else run_or_path
-    model, _ = load_model(path, select, device)
+    with trusting(trust_code):
+        model, _ = load_model(path, select, device)
     return model.eval()
 

@@ -1,9 +1,10 @@
 """Command line: ``teachkit {train,distill,run,eval,list,demo,sweep,report}``. Parses and calls; no logic of its own.
 
-Every user mistake is one line ``teachkit: error: ...`` on stderr and exit status 2, never a traceback;
-an I/O failure that escapes (disk full, a folder under a file) is reported the same way as
-``cannot write PATH: REASON``. Plugins (``--plugin MODULE``, ``TEACHKIT_PLUGINS=a,b``, ``plugins:`` in the
-config) are imported before the config is validated.
+Every user mistake is one line ``teachkit: error: ...`` on stderr and exit status 2, never a traceback
+(``--debug`` or ``TEACHKIT_DEBUG=1`` print it too); an I/O failure that escapes (disk full, a folder under a
+file) is reported the same way as ``cannot write PATH: REASON``. Plugins (``--plugin MODULE``,
+``TEACHKIT_PLUGINS=a,b``, ``plugins:`` in the config) are imported before the config is validated; code named
+by a run folder or checkpoint only with ``--trust-code`` (see :mod:`teachkit.trust`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,29 @@ import errno
 import json
 import math
 import os
+import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from teachkit.errors import CheckpointError, ConfigError, TeachkitError
+from teachkit.trust import TRUST_ENV, reading_from, trusting
 
 PLUGINS_ENV = "TEACHKIT_PLUGINS"
+DEBUG_ENV = "TEACHKIT_DEBUG"
+
+
+def _add_debug_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true",
+                   help=f"on an error, print the full traceback before the one-line message (also ${DEBUG_ENV}=1)")
+
+
+def _add_trust_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-code", action="store_true",
+                   help="import model factories and plugins that a run folder or checkpoint names (code read from "
+                        "disk; without this flag only the ones you name in this command run)")
 
 
 def _add_plugin_arg(p: argparse.ArgumentParser) -> None:
@@ -35,6 +51,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue the run folder's last checkpoint")
     p.add_argument("--quiet", action="store_true", help="print only errors and the final summary line")
     _add_plugin_arg(p)
+    _add_trust_arg(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--select", choices=["last", "best"], default="last", help="which checkpoint of a run folder")
     ev.add_argument("--quiet", action="store_true", help="print only errors and the final JSON line")
     _add_plugin_arg(ev)
+    _add_trust_arg(ev)
     ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes, evaluators (with options)")
     ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "all"],
                     default="all")
@@ -94,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     sw.add_argument("--quiet", action="store_true", help="print only errors and the final lines")
     _add_plugin_arg(sw)
+    _add_trust_arg(sw)
     rp = sub.add_parser("report", help="aggregate run folders (summary.json) into Markdown/CSV tables and plots, "
                                        "with paired intervals and published numbers")
     rp.add_argument("runs_dir", metavar="RUNS_DIR")
@@ -109,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-plots", action="store_true", help="tables only")
     rp.add_argument("--teachers", action="store_true", help="report teacher runs as rows too (default: a table of "
                                                             "their own)")
+    for command in sub.choices.values():
+        _add_debug_arg(command)
     return parser
 
 
@@ -258,7 +279,9 @@ def _eval(args: argparse.Namespace) -> int:
 
     folder, role = student_of(Path(args.checkpoint))
     file = checkpoint_file(folder, args.select)
-    import_plugins([*recorded_plugins_of(file), *plugin_names(args.plugin)])
+    import_plugins(plugin_names(args.plugin))  # the user's own first: those a run folder records need trust
+    with reading_from(f"run folder of {str(file)!r} (its config.yaml)"):
+        import_plugins(recorded_plugins_of(file))
     model, state = load_model(file, args.select)
     epoch = state.get("epoch")
     _say(args, f"evaluating {role}: {file}" + (f" (epoch {epoch})" if isinstance(epoch, int) else ""))
@@ -334,6 +357,8 @@ def _sweep(args: argparse.Namespace) -> int:
     plugins = import_plugins(plugin_names(args.plugin))
     if plugins:  # the job processes import them too
         os.environ[PLUGINS_ENV] = ",".join(plugins)
+    if args.trust_code:  # and trust what this sweep's run folders name, as the driver does
+        os.environ[TRUST_ENV] = "1"
     if args.out_dir is not None:
         check_folder(args.out_dir, "sweep --out-dir")
     if args.status:
@@ -420,27 +445,60 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def debugging(args: argparse.Namespace) -> bool:
+    """Whether errors print their full traceback too (``--debug`` or ``TEACHKIT_DEBUG=1``)."""
+    return bool(getattr(args, "debug", False)) or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true",
+                                                                                                   "yes")
+
+
+def print_traceback(e: BaseException) -> None:
+    """The traceback behind a one-line error, including the exception it was raised from (``from None`` hides
+    that cause from the one-line message, not from ``--debug``)."""
+    e.__suppress_context__ = False
+    traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+
+
+def interrupted_line(args: argparse.Namespace) -> str:
+    if args.command == "sweep" or getattr(args, "sweep", False):
+        return ("teachkit: interrupted; every run keeps its last finished epoch: rerun the same command to continue "
+                "(finished runs are skipped, interrupted ones resume)")
+    if args.command in ("train", "distill", "run"):
+        return "teachkit: interrupted; the last finished epoch's checkpoint is kept (use --resume)"
+    return "teachkit: interrupted"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; user mistakes and escaped I/O errors print one line to stderr and exit with status 2."""
+    """Entry point; user mistakes and escaped I/O errors print one line to stderr and exit with status 2,
+    Ctrl-C one line and status 130."""
+    if threading_main():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is KeyboardInterrupt from here on
     args = parse(argv)
     try:
-        return _run(args)
+        with trusting(getattr(args, "trust_code", False)):
+            return _run(args)
     except TeachkitError as e:
+        if debugging(args):
+            print_traceback(e)
         print(f"teachkit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if args.command == "sweep" or getattr(args, "sweep", False):
-            print("teachkit: interrupted; every run keeps its last finished epoch: rerun the same command to "
-                  "continue (finished runs are skipped, interrupted ones resume)", file=sys.stderr)
-            return 130
-        print("teachkit: interrupted; the last finished epoch's checkpoint is kept (use --resume)", file=sys.stderr)
+        print(interrupted_line(args), file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into a reader that stopped early (`teachkit list | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # last resort: a write or read the code did not expect to fail (disk full, ...)
+        if debugging(args):
+            print_traceback(e)
         print(f"teachkit: error: {os_error_line(e)}", file=sys.stderr)
         return 2
+
+
+def threading_main() -> bool:
+    """Whether this is the main thread of the main interpreter (signal handlers can be set only there)."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from teachkit.losses import OBJECTIVES, KDConfig
 from teachkit.models import ModelConfig
 from teachkit.options import Options, coerce, from_mapping, option, short_repr, to_plain
 from teachkit.registry import DuplicateNameError, Entry, closest, import_plugins
+from teachkit.trust import reading_from
 
 __all__ = ["DataConfig", "KDConfig", "ModelConfig", "OptimConfig", "RunConfig", "TeacherConfig", "TrainConfig",
            "dump_yaml", "from_dict", "load_config", "merge", "parse_overrides", "read_yaml", "register_section",
@@ -436,12 +437,20 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, plu
     """Read a YAML config (or defaults when ``path`` is None), apply dotted overrides, validate.
 
     ``plugins`` (``--plugin``, ``TEACHKIT_PLUGINS``) are added to the config's ``plugins:``; with ``resume``
-    the run folder's recorded plugins come first, so a resumed run imports what it was made with."""
+    the run folder's recorded plugins are added too, so a resumed run imports what it was made with: those are
+    read from disk, so each must be named in this command as well or trusted (``--trust-code``)."""
     data = read_yaml(path) if path is not None else {}
     data = merge(data, parse_overrides(overrides or []))
     given = data.get("plugins")
     if isinstance(given, list) or given is None:
-        used = [*(recorded_plugins(data) if resume else []), *(given or []), *plugins]
+        named = [*(given or []), *plugins]
+        import_plugins(coerce(named, list[str], "plugins"))  # the user's own, before anything read from disk
+        recorded = recorded_plugins(data) if resume else []
+        if recorded:
+            run_dir = Path(str(data.get("out_dir", RunConfig.out_dir))) / str(data.get("name", RunConfig.name))
+            with reading_from(f"run folder {str(run_dir)!r} (its config.yaml)"):
+                import_plugins(recorded)
+        used = [*recorded, *named]
         if used:
             data = {**data, "plugins": _unique(used)}
     return from_dict(data)

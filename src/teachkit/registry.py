@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from teachkit.errors import ConfigError
+from teachkit.trust import check_import
 
 T = TypeVar("T")
 
@@ -47,7 +48,8 @@ def import_all(package: str, path: Iterable[str]) -> None:
 def import_plugins(names: Iterable[str]) -> list[str]:
     """Import each plugin module in ``names`` (once; duplicates dropped) so that it registers its models,
     datasets, losses or recipes; returns the names imported, in order. A name that is not a module path,
-    or a module that cannot be imported, is a one-line ConfigError naming it and the reason."""
+    or a module that cannot be imported or raises anything while it is, is a one-line ConfigError naming it and
+    the reason; a name read from a run folder needs the user's trust (:func:`teachkit.trust.check_import`)."""
     done: list[str] = []
     for name in names:
         if not isinstance(name, str) or not _MODULE_NAME.fullmatch(name.strip()):
@@ -57,6 +59,7 @@ def import_plugins(names: Iterable[str]) -> list[str]:
         name = name.strip()
         if name in done:
             continue
+        check_import(name, "plugin")
         try:
             importlib.import_module(name)
         except ImportError as e:
@@ -69,6 +72,10 @@ def import_plugins(names: Iterable[str]) -> list[str]:
                               f"{e.msg}") from None
         except DuplicateNameError as e:
             raise ConfigError(f"plugin {name!r}: {e}") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - user code: any failure on import is one line
+            text = str(e).strip()
+            reason = f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+            raise ConfigError(f"plugin {name!r} failed while being imported ({reason})") from None
         done.append(name)
     return done
 

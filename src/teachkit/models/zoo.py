@@ -4,7 +4,9 @@
 ``"package.module:factory"``: any importable callable returning an ``nn.Module`` (a class or a function).
 The factory receives ``model.options`` as keyword arguments, plus ``input_shape`` (per sample, no batch
 dim) and ``num_classes`` when its signature names them (or takes ``**kwargs``). Only the named module is
-imported; nothing written in a config is executed.
+imported, and only when the user named it in this command or passed ``--trust-code`` (a name read from a run
+folder or checkpoint is refused otherwise, see :mod:`teachkit.trust`); a callable of the Python standard
+library or builtins is never a factory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
 from teachkit.options import Options, option, short_repr
 from teachkit.registry import Registry, closest
+from teachkit.trust import check_import, refuse_standard_library
 
 Builder = Callable[..., nn.Module]
 
@@ -66,20 +69,32 @@ def is_import_path(name: object) -> bool:
     return isinstance(name, str) and ":" in name
 
 
+def is_user_model(name: str) -> bool:
+    """Whether ``name`` is the user's own model (an import path, or a Python object given to the API), which
+    teachkit probes on the data before a run (:mod:`teachkit.models.probe`); zoo models are tested here."""
+    return is_import_path(name) or name.endswith("@python")
+
+
 def import_factory(path: str) -> Callable[..., Any]:
-    """The callable ``"package.module:attr"`` names (``attr`` may be dotted), imported; else a ConfigError."""
+    """The callable ``"package.module:attr"`` names (``attr`` may be dotted), imported; else a ConfigError.
+
+    A name read from disk needs the user's trust (:func:`teachkit.trust.check_import`); the standard library and
+    builtins are refused before anything is called (:func:`teachkit.trust.refuse_standard_library`)."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr or ":" in attr:
         raise ConfigError(f"model.name {path!r} must be a registered model or 'package.module:factory'")
+    refuse_standard_library(path, None)
+    check_import(path, "model factory")
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure of user code is one line
-        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any import failure of user code is one line
+        reason = first_line(e)
         raise ConfigError(f"model.name {path!r}: cannot import module {module_name!r} ({reason})") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"model.name {path!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
+    refuse_standard_library(path, obj)
     if not callable(obj):
         raise ConfigError(f"model.name {path!r}: {attr!r} is a {type(obj).__name__}, not a callable returning "
                           "an nn.Module")
@@ -118,10 +133,20 @@ def call_factory(factory: Callable[..., Any], label: str, input_shape: Sequence[
         model = factory(**kwargs)
     except TypeError as e:
         raise ConfigError(f"model {label!r} could not be built with options {short_repr(options)}: "
-                          f"{str(e).splitlines()[0][:200]}") from None
+                          f"{first_line(e)}") from None
+    except (KeyboardInterrupt, ConfigError):
+        raise
+    except Exception as e:  # noqa: BLE001 - user code: any failure is one line (--debug shows the traceback)
+        raise ConfigError(f"model {label!r} raised {type(e).__name__} while being built: {first_line(e)}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model {label!r} returned a {type(model).__name__}, not an nn.Module")
     return model
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message as one short line (its type when it has none)."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def input_shape_of(input_shape: Any, model: str = "") -> tuple[int, ...]:
@@ -197,6 +222,7 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     if is_import_path(name):
         dims = input_shape_of(input_shape, name)
         model = build_from_factory(name, dims, num_classes, **options)
+        check_has_parameters(model, name)
         if getattr(model, "tap_spec", None) is None:
             model.tap_spec = TapSpec()
         return model
@@ -218,9 +244,17 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
     model = builder(dims, num_classes, **options)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model {name!r} returned a {type(model).__name__}, not an nn.Module")
+    check_has_parameters(model, name)
     if getattr(model, "tap_spec", None) is None:  # a plain user module: logits only unless model.taps says more
         model.tap_spec = TapSpec()
     return model
+
+
+def check_has_parameters(model: nn.Module, label: str) -> None:
+    """A ConfigError when ``model`` has no parameters: there is nothing to train or distil into."""
+    if next(iter(model.parameters()), None) is None:
+        raise ConfigError(f"model {label!r} ({type(model).__name__}) has no parameters: nothing to train; a model "
+                          "needs at least one nn.Parameter (e.g. an nn.Linear)")
 
 
 def count_parameters(model: nn.Module) -> int:
