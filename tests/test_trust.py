@@ -134,6 +134,14 @@ def test_standard_library_factories_are_refused(name):
         import_factory(name)
 
 
+@pytest.mark.parametrize("name", ["torch:load", "torch.jit:load", "torch.hub:load", "numpy:load"])
+def test_loaders_that_unpickle_are_refused(name):
+    from teachkit.models.zoo import import_factory
+
+    with pytest.raises(ConfigError, match="loader of pickled or scripted objects"):
+        import_factory(name)
+
+
 def test_a_plugin_re_exporting_a_standard_library_callable_is_refused(tmp_path, monkeypatch):
     (tmp_path / "sneaky_nets.py").write_text("from os import system as make\n")
     monkeypatch.syspath_prepend(str(tmp_path))

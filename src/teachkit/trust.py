@@ -104,6 +104,19 @@ def refuse_standard_library(path: str, obj: Any) -> None:
     if where is not None:
         raise ConfigError(f"model.name {path!r} resolves to {where!r}, part of the Python standard library: a model "
                           f"factory must be your own callable returning an nn.Module (e.g. mylab.nets:Net)")
+    if (defined, getattr(obj, "__qualname__", None)) in LOADERS_THAT_RUN_CODE:
+        raise ConfigError(f"model.name {path!r} is a loader of pickled or scripted objects, which can run any code: "
+                          f"a model factory must build the model (load weights with teacher.checkpoint or your own "
+                          f"factory reading safetensors)")
+
+
+#: Third-party loaders that unpickle or download and run code: never a model factory, even when named.
+LOADERS_THAT_RUN_CODE = frozenset({
+    ("torch.serialization", "load"), ("torch.jit._serialization", "load"), ("torch.hub", "load"),
+    ("torch.hub", "load_state_dict_from_url"), ("numpy", "load"), ("pandas", "read_pickle"),
+    ("joblib.numpy_pickle", "load"), ("dill", "load"), ("dill", "loads"), ("cloudpickle", "load"),
+    ("cloudpickle", "loads"),
+})
 
 
 #: Python 3.10+ has ``sys.stdlib_module_names``; this covers the modules that run code, for anything older.
