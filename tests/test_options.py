@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import pytest
 
+from teachkit.config import dump_yaml, load_config
 from teachkit.errors import ConfigError
-from teachkit.options import NoOptions, Options, describe, from_mapping, option, short_repr, to_plain
+from teachkit.options import (
+    BOOL_WORDS,
+    NoOptions,
+    Options,
+    describe,
+    from_mapping,
+    option,
+    short_repr,
+    to_plain,
+    type_hints,
+)
 
 
 @dataclass
@@ -111,3 +125,94 @@ def test_messages_show_values_bounded():
     assert len(str(e.value)) < 160 and str(e.value).startswith("opt.lr=[[[[")
     with pytest.raises(ConfigError, match=r"opt.steps=1000.0 is not allowed: expected an integer \(write 1000\)"):
         from_mapping(Example, {"steps": 1e3}, "opt")
+
+
+# ----------------------------------------------------------------------------- YAML 1.1 words read as booleans
+
+
+@dataclass
+class Words(Options):
+    cache: Literal["auto", "off"] = "auto"
+    switch: Literal["on", "off", "auto"] = "auto"
+    answer: Literal["yes", "no"] = "yes"
+    cased: Literal["Auto", "False", "True"] = "Auto"
+    channels: bool | Literal["auto"] = "auto"
+    flag: bool = False
+    label: str = "x"
+
+
+def test_a_word_yaml_read_as_a_boolean_is_the_choice_it_spells():
+    w = from_mapping(Words, {"cache": False, "switch": True, "answer": False, "cased": True}, "w")
+    assert (w.cache, w.switch, w.answer, w.cased) == ("off", "on", "no", "True")
+    assert from_mapping(Words, {"switch": False}).switch == "off"
+    # real booleans stay booleans, also beside a word choice
+    w = from_mapping(Words, {"flag": True, "channels": False})
+    assert w.flag is True and w.channels is False
+    with pytest.raises(ConfigError, match=r"^w.cache=True is not allowed \(YAML reads on/yes/true as True\); choose "
+                                          r"one of: auto, off$"):
+        from_mapping(Words, {"cache": True}, "w")  # no 'on'/'yes'/'true' among the choices
+    with pytest.raises(ConfigError, match=r"^w.flag='off' is not allowed: expected true/false$"):
+        from_mapping(Words, {"flag": "off"}, "w")
+
+
+def test_a_boolean_for_a_string_says_how_to_write_the_word():
+    with pytest.raises(ConfigError) as e:
+        from_mapping(Words, {"label": False}, "w")
+    assert str(e.value) == ("w.label=False is not allowed: expected a string (YAML reads off/no/false as False; "
+                            "quote the word, e.g. w.label='off')")
+    with pytest.raises(ConfigError, match=r"^teacher.checkpoint=True is not allowed: expected a string \(YAML reads "
+                                          r"on/yes/true as True; quote the word, e.g. teacher.checkpoint='on'\)$"):
+        load_config(None, ["teacher.checkpoint=yes"])  # a `str | None` option
+
+
+def _literals(tp: Any) -> list[tuple]:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return [typing.get_args(tp)]
+    if origin in (typing.Union, types.UnionType, list, dict):
+        return [args for a in typing.get_args(tp) for args in _literals(a)]
+    return []
+
+
+def _all_options() -> set[type]:
+    import teachkit.config
+    import teachkit.data
+    import teachkit.engine
+    import teachkit.losses
+    import teachkit.models
+    import teachkit.recipes  # noqa: F401 -- each registers its options
+
+    out, todo = set(), [Options]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in out:
+                out.add(sub)
+                todo.append(sub)
+    return {c for c in out if dataclasses.is_dataclass(c) and c.__module__.startswith("teachkit.")}
+
+
+def test_every_registered_word_choice_accepts_the_boolean_yaml_makes_of_it():
+    """Every Literal option of the package whose choices include a YAML 1.1 boolean word (off, no, on, ...)
+    accepts the boolean YAML reads it as, and gives back that word."""
+    found = []
+    for cls in _all_options():
+        for name, tp in type_hints(cls).items():
+            if typing.get_origin(tp) is not Literal:
+                continue
+            for value, words in BOOL_WORDS.items():
+                spelled = [c for c in typing.get_args(tp) if isinstance(c, str) and c.lower() in words]
+                if spelled:
+                    found.append(f"{cls.__name__}.{name}")
+                    assert from_mapping(cls, {name: value}).__dict__[name] == spelled[0]
+    assert "TeacherConfig.cache" in found
+
+
+def test_teacher_cache_off_as_the_readme_writes_it(tmp_path):
+    assert load_config(None, ["teacher.cache=off"]).teacher.cache == "off"
+    (tmp_path / "c.yaml").write_text("teacher:\n  cache: off\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.teacher.cache == "off"
+    assert load_config(None, [f"teacher.cache={cfg.teacher.cache}"]) == cfg
+    assert "cache: 'off'" in dump_yaml(cfg)  # written back quoted, read back the same
+    (tmp_path / "back.yaml").write_text(dump_yaml(cfg))
+    assert load_config(tmp_path / "back.yaml").teacher.cache == "off"

@@ -200,7 +200,8 @@ def test_debug_prints_the_traceback(tmp_path, monkeypatch, capsys):
     assert main([*argv, "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "ValueError: no GPU" in err
-    assert err.splitlines()[-1] == "teachkit: error: model 'raising_nets:Net' raised ValueError while being built: no GPU"
+    assert err.splitlines()[-1] == ("teachkit: error: model 'raising_nets:Net' raised ValueError while being "
+                                    "built: no GPU")
     monkeypatch.setenv("TEACHKIT_DEBUG", "1")
     assert main(argv) == 2
     assert "Traceback" in capsys.readouterr().err

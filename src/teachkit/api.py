@@ -17,6 +17,9 @@ stratified, when absent), a dataset name (``"digits"``) or a ``data`` section as
 once, by content hash, under ``out_dir/_data/`` and read back through the ``arrays`` dataset, so a run folder
 made from Python can be evaluated and resumed from the command line like any other.
 
+``trust_code=True`` lets a teacher run folder or checkpoint given here (or :func:`load`) import the model factory
+or plugins it names; without it only code named in the call itself is imported (see README, "Security").
+
 Every other setting is a dotted override (``overrides={"optim.weight_decay": 5e-4}``) on top of an optional
 base ``config`` (a YAML path or a mapping); the run folder's ``config.yaml`` records the result.
 """
@@ -364,7 +367,7 @@ def distill(student: Any, teacher: Any, data: Any, *, method: str | list[str] = 
             seed: int | None = None, device: str | None = None, teacher_epochs: int | None = None,
             teacher_loss: str | None = None, name: str | None = None, out_dir: str | Path = "runs",
             config: Any = None, overrides: Mapping[str, Any] | None = None, resume: bool = False,
-            quiet: bool = False) -> Run:
+            quiet: bool = False, trust_code: bool = False) -> Run:
     """Distil ``student`` from ``teacher`` with ``method`` (``teachkit list losses``; a list combines several).
 
     ``teacher`` is a finished :class:`Run` or a checkpoint path (file or run folder) -- its data settings are

@@ -144,6 +144,22 @@ def type_name(tp: Any) -> str:
             str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
+#: the words YAML 1.1 reads as booleans (any case), by the boolean each becomes
+BOOL_WORDS: dict[bool, tuple[str, ...]] = {False: ("off", "no", "false"), True: ("on", "yes", "true")}
+
+
+def bool_word(value: Any, choices: tuple[Any, ...]) -> str | None:
+    """The word among the string ``choices`` that YAML 1.1 read as the boolean ``value`` (``off``, ``no`` or
+    ``false`` for False; ``on``, ``yes`` or ``true`` for True), or None: ``cache: off`` means ``"off"``."""
+    if not isinstance(value, bool):
+        return None
+    for word in BOOL_WORDS[value]:
+        for choice in choices:
+            if isinstance(choice, str) and choice.lower() == word:
+                return choice
+    return None
+
+
 def coerce(value: Any, tp: Any, key: str) -> Any:
     """``value`` converted to type ``tp`` (ints to floats, mappings to options dataclasses) or a
     one-line ConfigError naming ``key``."""
@@ -157,7 +173,13 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in typing.get_args(tp)):
             return value
+        word = bool_word(value, typing.get_args(tp))
+        if word is not None:  # `teacher.cache=off`: YAML 1.1 read the word as a boolean
+            return word
         allowed = [str(a) for a in typing.get_args(tp)]
+        if isinstance(value, bool):  # `teacher.cache=on` with no 'on' among the choices
+            raise ConfigError(f"{key}={value} is not allowed (YAML reads {'/'.join(BOOL_WORDS[value])} as {value}); "
+                              f"choose one of: {', '.join(allowed)}")
         raise ConfigError(f"{key}={short_repr(value)} is not allowed{closest(short_repr(value), allowed)}; "
                           f"choose one of: {', '.join(allowed)}")
     if origin in (typing.Union, types.UnionType):
@@ -171,6 +193,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return coerce(value, a, key)
             except ConfigError:
                 pass
+        if isinstance(value, bool) and str in args:  # `teacher.checkpoint=no`: say how to write the word
+            return coerce(value, str, key)
         raise bad()
     if origin is list:
         if isinstance(value, tuple):
@@ -208,6 +232,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}={short_repr(value)} is not allowed: expected a finite number")
         return value
     if tp is str:
+        if isinstance(value, bool):  # `name=off`: YAML 1.1 read a word as a boolean
+            words = "/".join(BOOL_WORDS[value])
+            raise ConfigError(f"{key}={value} is not allowed: expected a string (YAML reads {words} as {value}; "
+                              f"quote the word, e.g. {key}='{BOOL_WORDS[value][0]}')")
         if not isinstance(value, str):
             raise bad()
         return value

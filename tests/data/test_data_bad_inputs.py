@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import io
+import lzma
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,22 @@ from tests.conftest import tiny_config
 CSV = "f,g,label\n" + "".join(f"{i},{i % 3},{'ab'[i % 2]}\n" for i in range(10))
 REG = "f,y\n" + "".join(f"{i},{i * 0.5}\n" for i in range(10))
 X, Y = np.zeros((5, 2)), np.arange(5) % 2
+BIG_LABEL = "f,label\n" + "".join(f"{i},{i % 2}\n" for i in range(10)) + "3,1000000000\n"  # row 11: 1e9
+FAR = np.array([[-3e38], [-3e38], [-2e38], [-2e38], [-3e38]], dtype=np.float32)  # train mean about -2.6e38
+
+
+def truncated(compress: Any) -> bytes:
+    """The first half of the CSV table, compressed with ``compress``: a download cut short."""
+    data = compress((CSV * 50).encode())
+    return data[: len(data) // 2]
+
+
+def parquet_bytes(labels: list[int]) -> bytes:
+    """A Parquet table (features f, label) in memory."""
+    pd = pytest.importorskip("pandas")
+    buf = io.BytesIO()
+    pd.DataFrame({"f": np.arange(len(labels), dtype=float), "label": labels}).to_parquet(buf)
+    return buf.getvalue()
 
 
 def source(name: str, **options: Any) -> dict[str, Any]:
@@ -99,6 +117,44 @@ ROWS = [
                       "omit_classes": [0]}, ["train.loss=l2"], "data.omit_classes needs class labels"),
     ({"r.csv": REG}, {"name": "csv", "options": {"train": "r.csv", "label": ["y", "f"]}}, [],
      "several target columns need task: regression"),
+    # -- labels far outside the class range: refused before anything is allocated per class
+    ({"t.csv": BIG_LABEL}, source("csv", train="t.csv"), [],
+     "train label 1000000000 (row 11) would make 1,000,000,001 classes (ids 0..largest), more than the 11 training "
+     "rows; labels must be class ids 0..C-1: relabel them"),
+    ({"d.npz": {"x": X, "y": np.array([0, 1, 0, 1, 10**9])}}, source("arrays", train="d.npz"), [],
+     "train label 1000000000 (row 5) would make 1,000,000,001 classes"),
+    ({"t.parquet": parquet_bytes([0, 1, 0, 1, 2**40])}, source("parquet", train="t.parquet"), [],
+     "train label 1099511627776 (row 5) would make 1,099,511,627,777 classes"),
+    ({"t.csv": BIG_LABEL.replace("1000000000", "1"), "e.csv": "f,label\n1,7\n"}, source("csv", train="t.csv",
+                                                                                         test="e.csv"), [],
+     "class '7' appears in test but not in train"),
+    ({"t.csv": "f,label\n1,0\n2,1e300\n3,1\n"}, source("csv", train="t.csv"), [],
+     "train labels hold the non-class value 1e+300 (row 2); class labels are integers 0..C-1 or strings"),
+    ({"t.csv": "f,label\n1,0\n2,1\n3,0.5\n"}, source("csv", train="t.csv", task="binary"), [],
+     "non-class value 0.5 (row 3)"),
+    # -- features near or beyond float32's limit, infinite features
+    ({"t.csv": "f,label\n1,a\n1e39,b\n2,a\n"}, source("csv", train="t.csv"), [],
+     "feature column 'f' holds 1e+39 (row 2), beyond float32's range (about 3.4e38); rescale the column"),
+    ({"t.csv": "f,label\n1,a\ninf,b\n2,a\n"}, source("csv", train="t.csv"), [],
+     "feature column 'f' holds inf (row 2); features must be finite numbers"),
+    ({"d.npz": {"x": np.array([[1.0], [np.nan], [2.0]]), "y": np.arange(3)}}, source("arrays", train="d.npz"), [],
+     "train inputs contain NaN or infinite values: row 2, position [0] holds nan"),
+    ({"d.npz": {"x": FAR, "y": np.arange(5) % 2}, "e.npz": {"x": np.array([[3e38]]), "y": np.array([1])}},
+     source("arrays", train="d.npz", test="e.npz"), [],
+     "normalising the test inputs overflows float32 (row 1, channel 0)"),
+    # -- odd array and file shapes
+    ({"d.npz": {"x": np.array(3.0), "y": Y}}, source("arrays", train="d.npz"), [],
+     "train inputs must be an array with one row per sample (N, ...), got a 0-d array (one value: 3.0)"),
+    ({"d.npz": {"x": X, "y": np.array(1)}}, source("arrays", train="d.npz"), [],
+     "train labels must be an array with one row per sample (N, ...), got a 0-d array (one value: 1)"),
+    ({"d.npz": {"x": np.zeros((5, 0)), "y": Y}}, source("arrays", train="d.npz"), [],
+     "train inputs have shape (5, 0): no feature per sample"),
+    ({"t.csv.gz": truncated(gzip.compress)}, source("csv", train="t.csv.gz"), [],
+     "t.csv.gz': Compressed file ended before the end-of-stream marker was reached (a truncated or corrupt "
+     "compressed file?)"),
+    ({"t.csv.xz": truncated(lzma.compress)}, source("csv", train="t.csv.xz"), [], "t.csv.xz': "),
+    ({"cat/0.png": png()}, {"name": "image_folder", "options": {"size": 100000}}, [],
+     "option 'size' must be 1..4096 (pixels per side), got 100000"),
 ]
 
 

@@ -58,6 +58,9 @@ class Splits:
     config: Any = None
     #: further evaluation splits beside ``test`` (MNLI's mismatched dev set: ``{"test_mm": ...}``)
     extra_test: dict[str, TensorSplit] = field(default_factory=dict)
+    #: one-line warnings about the data (:attr:`~teachkit.data.raw.RawDataset.warnings`, one class): a run
+    #: prints each (not under ``--quiet``) and keeps it in its summary's ``warnings`` and ``data_notes``
+    warnings: tuple[str, ...] = ()
 
     def eval_splits(self) -> dict[str, TensorSplit]:
         """The splits evaluators measure: ``val``, ``test`` and the ``extra_test`` ones."""

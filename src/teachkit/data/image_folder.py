@@ -10,7 +10,10 @@ Each image is converted to RGB (``channels: 3``) or grayscale (``channels: 1``),
 side is ``size`` pixels (bilinear), centre-cropped to ``size`` x ``size`` and scaled to [0, 1]:
 x is float32 (N, channels, size, size). Files with other extensions and hidden files are skipped.
 
-Options: ``size`` (default 32), ``channels`` (1 or 3, default 3). Example::
+Options: ``size`` (default 32, at most :data:`MAX_SIZE` = 4096), ``channels`` (1 or 3, default 3). The
+decoded images are held in memory as float32 (and copied once more when normalised): before decoding anything,
+n_images x channels x size^2 x 4 bytes is checked against half this machine's physical memory
+(:func:`memory_budget`); a larger figure is a DataError saying it in GiB. Example::
 
     data:
       name: image_folder
@@ -20,6 +23,7 @@ Options: ``size`` (default 32), ``channels`` (1 or 3, default 3). Example::
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,10 @@ from teachkit.data.raw import DATASETS, RawDataset, int_option, require
 from teachkit.errors import ConfigError, DataError
 
 NAME = "image_folder"
+#: the largest ``size`` option (pixels per side); one 4096 x 4096 RGB image is 192 MiB as float32
+MAX_SIZE = 4096
+#: the memory the decoded images may take, in bytes; None: half this machine's physical memory
+MEMORY_BUDGET_BYTES: int | None = None
 EXTENSIONS = (".png", ".jpg", ".jpeg")
 SPLIT_FOLDERS = ("train", "val", "test")
 
@@ -72,6 +80,29 @@ def decode(path: Path, size: int, channels: int, image_module: Any) -> np.ndarra
     return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
 
 
+def memory_budget() -> tuple[int, str]:
+    """(bytes, what they are) the decoded images may take: :data:`MEMORY_BUDGET_BYTES` when set, else half the
+    machine's physical memory (normalising copies them once more; 64 GiB of memory assumed when unknown)."""
+    if MEMORY_BUDGET_BYTES is not None:
+        return MEMORY_BUDGET_BYTES, "budget"
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        total = 64 * 1024**3
+    return total // 2, "budget (half this machine's memory: normalising copies them)"
+
+
+def check_memory(listing: dict[str, dict[str, list[Path]]], size: int, channels: int) -> None:
+    """DataError, before any image is decoded, when the float32 images (n x channels x size^2 x 4 bytes) would
+    not fit :func:`memory_budget`."""
+    n = sum(len(paths) for files in listing.values() for paths in files.values())
+    need, (budget, what) = n * channels * size * size * 4, memory_budget()
+    if need > budget:
+        raise DataError(f"dataset {NAME!r}: {n:,} images at size={size}, channels={channels} would take "
+                        f"{need / 1024**3:,.1f} GiB as float32 (n x channels x size^2 x 4 bytes), more than the "
+                        f"{budget / 1024**3:,.1f} GiB {what}; lower option size")
+
+
 def load_part(files: dict[str, list[Path]], index: dict[str, int], size: int, channels: int,
               image_module: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(x float32 (N, C, size, size) in [0, 1], y int64 (N,)) of one split's class -> files listing."""
@@ -92,6 +123,8 @@ def load_part(files: dict[str, list[Path]], index: dict[str, int], size: int, ch
 def image_folder(root: str | None = None, size: int = 32, channels: int = 3) -> RawDataset:
     """Class sub-folders of PNG / JPEG images under ``root``; see the module docstring for layouts and options."""
     size = int_option(NAME, "size", size, 1)
+    if size > MAX_SIZE:
+        raise ConfigError(f"dataset {NAME!r} option 'size' must be 1..{MAX_SIZE} (pixels per side), got {size}")
     if channels not in (1, 3) or isinstance(channels, bool):
         raise ConfigError(f"dataset {NAME!r} option 'channels' must be 1 (grayscale) or 3 (RGB), got {channels!r}")
     image_module = require("PIL.Image", NAME, "Pillow")
@@ -111,6 +144,7 @@ def image_folder(root: str | None = None, size: int = 32, channels: int = 3) -> 
         if unseen:
             raise DataError(f"dataset {NAME!r}: class {unseen[0]!r} is in {part}/ but not in train/ "
                             f"(train classes: {', '.join(names)})")
+    check_memory(listing, size, channels)
     index = {name: i for i, name in enumerate(names)}
     data = {part: load_part(files, index, size, channels, image_module) for part, files in listing.items()}
     tx, ty = data.get("test", (None, None))

@@ -64,6 +64,9 @@ class RawDataset:
     val_y: Tensor | None = None
     #: further evaluation splits beside the test split, ``{name: (x, y)}`` (MNLI's mismatched dev set)
     extra_test: dict[str, tuple[Any, Tensor]] = field(default_factory=dict)
+    #: one-line warnings about legitimate but suspicious data (pairs skipped, one class): a run prints each
+    #: once (not under ``--quiet``) and keeps it in its summary's ``warnings`` and ``data_notes``
+    warnings: list[str] = field(default_factory=list)
 
     def parts(self) -> list[tuple[str, Tensor, Tensor]]:
         """(name, x, y) of each split the source gives: train, then val and test when present."""

@@ -23,6 +23,7 @@ class gets floor or ceil of its share and the total is exact.
 
 from __future__ import annotations
 
+import itertools
 import math
 from fractions import Fraction
 from typing import Any
@@ -50,12 +51,16 @@ def apportion(quotas: list[Fraction], total: int) -> list[int]:
 
 
 def take_per_class(y: Tensor, ks: list[int], generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """(rest, taken): sorted positions of ``y``; ``ks[c]`` random samples of class c are taken."""
+    """(rest, taken): sorted positions of ``y``; ``ks[c]`` random samples of class c are taken. One stable sort
+    groups the positions by class (O(N log N), not O(N x classes)); the draws are those of a per-class loop."""
     taken, rest = [], []
+    order = torch.argsort(y, stable=True)
+    counts = torch.bincount(y, minlength=len(ks)).tolist()
+    starts = [0, *itertools.accumulate(counts)]
     for c, k in enumerate(ks):
-        idx = (y == c).nonzero().flatten()
-        if len(idx) == 0:
+        if counts[c] == 0:
             continue
+        idx = order[starts[c]:starts[c + 1]]
         perm = idx[torch.randperm(len(idx), generator=generator)]
         taken.append(perm[:k])
         rest.append(perm[k:])
@@ -107,14 +112,63 @@ def stratified_subset(y: Tensor, num_classes: int, size: int, generator: torch.G
     return take_per_class(y.cpu(), ks, generator)[1]
 
 
-def channel_stats(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-channel (dim 1) mean and population std of ``x`` over all other dims (float32, Welford-based
-    ``torch.var_mean``). A constant channel gets std 1."""
+#: values per chunk when statistics are accumulated in float64 (32 MiB of float64 at a time)
+STATS_CHUNK = 1 << 22
+
+
+def _row_chunks(x: Tensor) -> list[Tensor]:
+    """``x`` in slices of whole rows, each about :data:`STATS_CHUNK` values (views, no copy)."""
+    step = max(1, STATS_CHUNK // max(1, x[0].numel()))
+    return [x[i:i + step] for i in range(0, x.shape[0], step)]
+
+
+def _squared_deviations(chunk: Tensor, mean: Tensor, dims: list[int]) -> Tensor:
+    """Per-channel sum of (chunk - mean)^2 in float64, computed in place on one float64 copy of ``chunk``."""
+    d = chunk.double().sub_(mean)
+    return d.mul_(d).sum(dim=dims)
+
+
+def channel_stats(x: Tensor, who: str = "dataset") -> tuple[Tensor, Tensor]:
+    """Per-channel (dim 1) mean and population std of ``x`` over all other dims, accumulated in float64 in two
+    passes over row chunks (values near float32's limit do not overflow), returned as float32. A constant
+    channel gets std 1. DataError (``who`` names the dataset) for NaN / infinite inputs, or a std that float32
+    cannot hold."""
     if x.shape[0] == 0:
         raise DataError("cannot compute normalisation statistics of an empty training split")
-    var, mean = torch.var_mean(x.float(), dim=[0, *range(2, x.dim())], correction=0)
+    dims = [0, *range(2, x.dim())]
+    count = x.numel() // max(1, x.shape[1])
+    total = sum(chunk.double().sum(dim=dims) for chunk in _row_chunks(x))
+    mean = total / count
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    var = sum(_squared_deviations(chunk, mean.view(shape), dims) for chunk in _row_chunks(x)) / count
+    bad = ~torch.isfinite(var) | ~torch.isfinite(mean)
+    if bool(bad.any()):
+        c = int(bad.nonzero()[0])
+        raise DataError(f"{who}: the train inputs hold NaN or infinite values in channel {c} (dim 1 of x, "
+                        "a feature column of a table); features must be finite numbers")
     std = var.sqrt()
-    return mean, torch.where(std > 1e-12, std, torch.ones_like(std))
+    if bool((std > torch.finfo(torch.float32).max).any()):
+        c = int((std > torch.finfo(torch.float32).max).nonzero()[0])
+        raise DataError(f"{who}: channel {c} of the train inputs (dim 1 of x, a feature column of a table) has "
+                        f"standard deviation {float(std[c]):.3g}, beyond float32's range (about 3.4e38); rescale "
+                        "the inputs")
+    std = std.float()
+    return mean.float(), torch.where(std > 1e-12, std, torch.ones_like(std))
+
+
+def check_finite(x: Tensor, who: str, part: str) -> None:
+    """DataError naming ``part`` and the channel when normalised inputs ``x`` overflowed float32 (one
+    ``aminmax`` pass; the place is looked for only then)."""
+    if x.numel() == 0 or all(math.isfinite(float(v)) for v in torch.aminmax(x)):
+        return
+    for i, chunk in enumerate(_row_chunks(x)):
+        bad = ~torch.isfinite(chunk)
+        if bool(bad.any()):
+            at = bad.nonzero()[0].tolist()
+            step = max(1, STATS_CHUNK // max(1, x[0].numel()))
+            raise DataError(f"{who}: normalising the {part} inputs overflows float32 (row {i * step + at[0] + 1}, "
+                            f"channel {at[1] if len(at) > 1 else 0}): they lie too far from the train mean; "
+                            "rescale the inputs")
 
 
 def normalise(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
@@ -219,6 +273,7 @@ def splits_for(cfg: DataConfig) -> Splits:
 
     x, y = raw.train_x, raw.train_y
     extra_test = dict(raw.extra_test)
+    notes = [*raw.warnings, *([] if regression else one_class_warning(name, y))]
     given_val = None if raw.val_x is None or raw.val_y is None else TensorSplit(raw.val_x, raw.val_y)
     if raw.test_x is None or raw.test_y is None:
         if len(y) < (2 if given_val else 3):
@@ -246,7 +301,8 @@ def splits_for(cfg: DataConfig) -> Splits:
     del x, y, raw
 
     text = is_tokens(train.x)
-    mean, std = (None, None) if text else channel_stats(train.x)
+    who = f"dataset {name!r}"
+    mean, std = (None, None) if text else channel_stats(train.x, who)
     # the student's transfer set: its own generator when subset_seed is set, else the split generator
     sg = g if cfg.subset_seed is None else torch.Generator().manual_seed(cfg.subset_seed)
     if train_subset is not None:
@@ -262,10 +318,26 @@ def splits_for(cfg: DataConfig) -> Splits:
                               f"{task!r} (no class labels)")
         train = omit_from_transfer_set(train, list(cfg.omit_classes), cfg.few_shot, k, sg, name)
 
-    def finish(s: TensorSplit) -> TensorSplit:
-        return s if mean is None or std is None else TensorSplit(normalise(s.x, mean, std), s.y)
+    def finish(s: TensorSplit, part: str) -> TensorSplit:
+        if mean is None or std is None:
+            return s
+        x = normalise(s.x, mean, std)
+        check_finite(x, who, part)
+        return TensorSplit(x, s.y)
 
-    extra = {name: finish(TensorSplit(x, y)) for name, (x, y) in extra_test.items()}
-    return Splits(name, *(finish(s) for s in (train, val, test)), num_classes=k, default_augment=default_augment,
-                  task=task, mean=mean, std=std, omitted=tuple(sorted(set(cfg.omit_classes))), config=cfg,
-                  extra_test=extra)
+    extra = {part: finish(TensorSplit(x, y), part) for part, (x, y) in extra_test.items()}
+    return Splits(name, finish(train, "train"), finish(val, "val"), finish(test, "test"), num_classes=k,
+                  default_augment=default_augment, task=task, mean=mean, std=std,
+                  omitted=tuple(sorted(set(cfg.omit_classes))), config=cfg, extra_test=extra,
+                  warnings=tuple(dict.fromkeys(notes)))
+
+
+def one_class_warning(name: str, y: Tensor) -> list[str]:
+    """The warning for class labels that hold one class only (legitimate, but nothing to learn or distil)."""
+    if y.dim() != 1 or y.is_floating_point() or y.numel() == 0:
+        return []
+    classes = torch.unique(y)
+    if len(classes) != 1:
+        return []
+    return [f"dataset {name!r} has one class: every training label is class {int(classes[0])}, so a model "
+            "learns nothing from it (accuracy is trivially 100%); check the label column or add other classes"]

@@ -22,6 +22,9 @@ Features are standardised on the train split. Examples::
 
 from __future__ import annotations
 
+import lzma
+import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,8 @@ from teachkit.data.userdata import SPLITS, assemble, check_task, default_file, r
 from teachkit.errors import ConfigError, DataError
 
 Reader = Callable[[Path], Any]  # path -> pandas.DataFrame
+#: what reading a truncated or corrupt compressed table raises (``.csv.gz``, ``.bz2``, ``.xz``, ``.zip``)
+COMPRESSION_ERRORS: tuple[type[BaseException], ...] = (EOFError, zlib.error, lzma.LZMAError, zipfile.BadZipFile)
 
 
 def _columns(df: Any, limit: int = 12) -> str:
@@ -68,6 +73,20 @@ def feature_names(dataset: str, path: Path, df: Any, labels: list[str], features
     return list(features)
 
 
+def check_finite_columns(dataset: str, where: str, df: Any, features: list[str], x: np.ndarray) -> None:
+    """DataError naming the column and row of the first infinite value of ``x`` (float32 features of ``df``):
+    an ``inf`` in the file, or a number beyond float32's range (about 3.4e38)."""
+    bad = ~np.isfinite(x)
+    if not bad.any():
+        return
+    row, col = (int(i) for i in np.argwhere(bad)[0])
+    value = df[features[col]].iloc[row]
+    label = df.index[row] + 1 if isinstance(df.index[row], int | np.integer) else row + 1
+    why = (f"{float(value):.3g} (row {label}), beyond float32's range (about 3.4e38); rescale the column"
+           if np.isfinite(float(value)) else f"{value} (row {label}); features must be finite numbers")
+    raise DataError(f"dataset {dataset!r}: {where} feature column {features[col]!r} holds {why}")
+
+
 def frame_arrays(dataset: str, where: str, df: Any, labels: list[str], features: list[str], task: str,
                  pd: Any) -> tuple[np.ndarray, np.ndarray]:
     """(inputs (N, F) float32, labels) of one table; one-line DataError for each way it can be wrong."""
@@ -91,13 +110,16 @@ def frame_arrays(dataset: str, where: str, df: Any, labels: list[str], features:
         if col.isna().any():
             raise DataError(f"dataset {dataset!r}: {where} feature column {c!r} has {int(col.isna().sum())} "
                             "missing values")
-    x = df[features].to_numpy(dtype=np.float32)
+    with np.errstate(over="ignore"):  # numbers beyond float32's range become inf: named below
+        x = df[features].to_numpy(dtype=np.float32)
+    check_finite_columns(dataset, where, df, features, x)
     if task == REGRESSION:
         for c in labels:
             if not pd.api.types.is_numeric_dtype(df[c]):
                 raise DataError(f"dataset {dataset!r}: {where} label column {c!r} is not numeric (dtype "
                                 f"{df[c].dtype}); task {REGRESSION!r} needs numbers")
-        y = df[labels].to_numpy(dtype=np.float32)
+        with np.errstate(over="ignore"):  # beyond float32's range: refused by regression_targets
+            y = df[labels].to_numpy(dtype=np.float32)
         return x, y[:, 0] if len(labels) == 1 else y
     col = df[labels[0]]
     if pd.api.types.is_bool_dtype(col):
@@ -161,6 +183,8 @@ def _reader(dataset: str, read: Callable[[Path], Any], errors: tuple[type[BaseEx
             return read(path)
         except errors as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if isinstance(e, COMPRESSION_ERRORS):
+                first += " (a truncated or corrupt compressed file?)"
             raise DataError(f"dataset {dataset!r}: cannot read {str(path)!r}: {first}") from None
 
     return reader
@@ -181,7 +205,7 @@ def csv(root: str | None = None, train: Any = None, val: Any = None, test: Any =
         except pd.errors.EmptyDataError:
             raise DataError(f"dataset 'csv': {str(path)!r} is empty (no header row)") from None
 
-    reader = _reader("csv", read, (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError))
+    reader = _reader("csv", read, (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError, *COMPRESSION_ERRORS))
     return load_table("csv", root, reader, "a .csv file", train, val, test, label, features, split_column, task)
 
 
@@ -193,6 +217,6 @@ def parquet(root: str | None = None, train: Any = None, val: Any = None, test: A
     pd = require("pandas", "parquet", "pandas")
     pa = require("pyarrow", "parquet", "pyarrow")
     reader = _reader("parquet", lambda path: pd.read_parquet(path, engine="pyarrow"),
-                     (pa.ArrowException, OSError, ValueError))
+                     (pa.ArrowException, OSError, ValueError, EOFError))
     return load_table("parquet", root, reader, "a .parquet file", train, val, test, label, features, split_column,
                       task)

@@ -6,7 +6,11 @@ the prefix ``teacher.``), so ``model(**x)`` works, and it is indexed by rows lik
 ``x[a:b]``), so the splitting, batching and evaluation code written for tensors works unchanged. Rows
 selected together are trimmed to the longest of them (dynamic padding per batch): padding beyond a
 batch's longest sequence never reaches a model. Columns the model never sees (SQuAD's offset mappings and
-example ids) are ``side`` columns; ``examples`` is a shared, unindexed object (SQuAD's contexts and answers).
+example ids) are ``side`` columns; ``examples`` is a shared, unindexed object (SQuAD's contexts and answers);
+``info`` (:class:`TextInfo`) says what the tokenisation is: the width it was padded to (``max_length``), the
+tokenizer of each prefix group (name and :func:`tokenizer_vocab_digest`, recorded in checkpoints so that a
+teacher never reads another tokenizer's ids) and ``notes`` (what reading the files did, counted: a run keeps
+them as its ``data_notes``; the one-line warnings go with the dataset, ``RawDataset.warnings``).
 
 Tokenisation runs once per (files, tokenizer, lengths) through the ``datasets`` library (Arrow files,
 memory-mapped) in a cache folder (``data.options.cache_dir``, else ``$TEACHKIT_CACHE/text``, else
@@ -22,6 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +48,31 @@ BUNDLED_MODELS: dict[str, tuple[str, str, str]] = {
 }
 
 
+@dataclass
+class TextInfo:
+    """What a tokenisation is, shared by every selection of its rows: ``max_length``, the width it was padded
+    to (before any trimming); ``tokenizers``, per prefix group (``""``, ``teacher.``) the tokenizer's ``name``
+    and ``sha256`` (:func:`tokenizer_vocab_digest`); ``notes``, what reading the files did (counts, kept as
+    a run's ``data_notes``)."""
+
+    max_length: int | None = None
+    tokenizers: dict[str, dict[str, str]] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
 class TokenFeatures(Mapping[str, Tensor]):
     """Rows of tokenised examples: model ``inputs`` (N, L) integer tensors, ``side`` columns (N, ...),
-    and a shared ``examples`` object. ``x[key]`` is a column; ``x[rows]`` (tensor, slice, list) the rows,
-    trimmed to their longest sequence (each prefix group by its own ``attention_mask``)."""
+    a shared ``examples`` object and a shared :class:`TextInfo`. ``x[key]`` is a column; ``x[rows]`` (tensor,
+    slice, list) the rows, trimmed to their longest sequence (each prefix group by its own ``attention_mask``)."""
 
     def __init__(self, inputs: Mapping[str, Tensor], side: Mapping[str, Tensor] | None = None,
-                 examples: Any = None) -> None:
+                 examples: Any = None, info: TextInfo | None = None) -> None:
         if not inputs:
             raise ValueError("TokenFeatures needs at least one input column")
         self.inputs = dict(inputs)
         self.side = dict(side or {})
         self.examples = examples
+        self.info = info if info is not None else TextInfo()
         rows = {int(v.shape[0]) for v in [*self.inputs.values(), *self.side.values()]}
         if len(rows) != 1:
             raise ValueError(f"TokenFeatures columns have different numbers of rows: {sorted(rows)}")
@@ -87,6 +105,16 @@ class TokenFeatures(Mapping[str, Tensor]):
     def dtype(self) -> torch.dtype:
         return next(iter(self.inputs.values())).dtype
 
+    @property
+    def max_length(self) -> int:
+        """The width the text was tokenised to (``max_length`` option), however trimmed these rows are."""
+        return self.info.max_length or int(self.shape[1])
+
+    @property
+    def data_notes(self) -> dict[str, Any]:
+        """What reading the files did (counts): kept in every checkpoint and run summary (``data_notes``)."""
+        return dict(self.info.notes)
+
     def is_floating_point(self) -> bool:
         return False
 
@@ -95,7 +123,7 @@ class TokenFeatures(Mapping[str, Tensor]):
 
     def to(self, device: torch.device | str) -> TokenFeatures:
         return TokenFeatures({k: v.to(device) for k, v in self.inputs.items()},
-                             {k: v.to(device) for k, v in self.side.items()}, self.examples)
+                             {k: v.to(device) for k, v in self.side.items()}, self.examples, self.info)
 
     def groups(self) -> dict[str, list[str]]:
         """Input keys by prefix ("" for the student's, ``teacher.`` for a teacher's own tokenisation)."""
@@ -125,7 +153,7 @@ class TokenFeatures(Mapping[str, Tensor]):
                 v = self.inputs[k][index]
                 inputs[k] = v if length is None else v[:, :length]
         side = {k: v[index] for k, v in self.side.items()}
-        return TokenFeatures(inputs, side, self.examples)
+        return TokenFeatures(inputs, side, self.examples, self.info)
 
     def __repr__(self) -> str:
         cols = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.inputs.items())
@@ -200,6 +228,57 @@ def tokenizer_digest(name: str) -> str:
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}
+_VOCAB_DIGESTS: dict[str, str] = {}
+
+
+def tokenizer_vocab_digest(name: str) -> str:
+    """What a model trained on a tokenizer's ids depends on: the sha256 of its vocabulary (every token, added
+    ones included, in id order) and its model type (WordPiece, BPE, ...). Unlike :func:`tokenizer_digest` (the
+    bytes of its files) it stays the same when the tokenizer is saved again, elsewhere or by another library
+    version. Checkpoints record it (``tokenizer``); normalisation options (lower-casing) are not part of it."""
+    key = tokenizer_digest(name)
+    if key not in _VOCAB_DIGESTS:
+        tok = load_tokenizer(name)
+        vocab = [token for token, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
+        model = type(tok.backend_tokenizer.model).__name__
+        blob = json.dumps({"model": model, "vocab": vocab}, ensure_ascii=False)
+        _VOCAB_DIGESTS[key] = hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return _VOCAB_DIGESTS[key]
+
+
+def tokenizer_entry(name: str) -> dict[str, str]:
+    """``{"name": name, "sha256": vocabulary digest}``: how :class:`TextInfo` and checkpoints name a tokenizer."""
+    return {"name": name, "sha256": tokenizer_vocab_digest(name)}
+
+
+def tokenizer_of(x: Any, side: str) -> dict[str, str] | None:
+    """The tokenizer entry of the tokenisation a model reading ``side`` (``student`` or ``teacher``) of ``x``
+    gets (see :func:`tokenisation`); None when ``x`` does not record one."""
+    info = getattr(x, "info", None)
+    tokenizers = getattr(info, "tokenizers", None)
+    if not isinstance(tokenizers, Mapping):
+        return None
+    if side == "teacher" and TEACHER_PREFIX in tokenizers:
+        return dict(tokenizers[TEACHER_PREFIX])
+    return dict(tokenizers[""]) if "" in tokenizers else None
+
+
+def check_tokenizer(recorded: Any, x: Any, side: str, who: str, dataset: str) -> None:
+    """A one-line ConfigError when a checkpoint's ``recorded`` tokenizer (its ``tokenizer`` field) is not the one
+    the data gives a model reading ``side``: it would read another tokenizer's ids. A checkpoint without one
+    (older teachkit) cannot be checked and passes."""
+    ours = tokenizer_of(x, side)
+    if ours is None or not isinstance(recorded, Mapping) or not isinstance(recorded.get("sha256"), str):
+        return
+    theirs = str(recorded["sha256"])
+    if theirs == ours.get("sha256"):
+        return
+    option = "teacher_tokenizer" if side == "teacher" else "tokenizer"
+    name = recorded.get("name")
+    fix = f"data.options.{option}={name!r}" if isinstance(name, str) and name else f"data.options.{option}"
+    raise ConfigError(f"{who} was trained on the ids of tokenizer {name!r} (sha256 {theirs[:12]}) but dataset "
+                      f"{dataset!r} gives it those of {ours.get('name')!r} (sha256 {str(ours.get('sha256'))[:12]}); "
+                      f"set {fix}, the tokenizer it was trained with")
 
 
 def file_sha256(path: str | Path) -> str:
@@ -333,7 +412,11 @@ def tokenize_texts(first: Sequence[str], second: Sequence[str] | None, *, tokeni
     ds = cached_table(key, cache_dir, build)
     if len(ds) != len(first):
         raise DataError(f"tokenisation cache entry {key[:12]} holds {len(ds)} rows, expected {len(first)}")
-    return TokenFeatures({name: column(ds, name) for name in ds.column_names})
+    tokenizers = {"": tokenizer_entry(tokenizer)}
+    if teacher_tokenizer is not None:
+        tokenizers[TEACHER_PREFIX] = tokenizer_entry(teacher_tokenizer)
+    return TokenFeatures({name: column(ds, name) for name in ds.column_names},
+                         info=TextInfo(max_length=max_length, tokenizers=tokenizers))
 
 
 def text_option(dataset: str, key: str, value: Any, minimum: int) -> int:

@@ -16,8 +16,8 @@ Reading, in order (each step per split, messages name the file and line):
    ``lowercase=True``;
 2. no valid files (``valid=None``, or no ``valid.*`` files with the default prefix): every 23rd training
    line (lines 23, 46, ... of the files, as the preparation script does) becomes the valid split;
-3. a pair with an empty side is dropped and counted (``empty_lines="skip"``, one warning for all splits) or a
-   DataError (``"reject"``);
+3. a pair with an empty side is dropped and counted (``empty_lines="skip"``, one warning for all splits: a run
+   prints it on one line, not under ``--quiet``, and keeps it in its summary) or a DataError (``"reject"``);
 4. ``limit``: the training split keeps its first ``limit`` pairs;
 5. units: BPE learned on the training split (``bpe="learn"``, or ``"auto"`` when the files carry no ``@@``
    markers and ``bpe_size > 0``; joint over both languages, :mod:`teachkit.data.bpe`), the files' own BPE units
@@ -45,7 +45,6 @@ import math
 import os
 import shutil
 import tempfile
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -296,8 +295,11 @@ def make_dataset(dataset: str, enc: Encoded, src_lang: str, tgt_lang: str, decod
                       val_x=parts["val"][0], val_y=parts["val"][1])
 
 
-def warn_notes(dataset: str, notes: dict[str, Any]) -> None:
-    """One warning each for the pairs skipped and the sequences truncated, with their counts per split."""
+def note_warnings(dataset: str, notes: dict[str, Any]) -> list[str]:
+    """One warning each for the pairs skipped and the sequences truncated, with their counts per split: the
+    dataset's :attr:`~teachkit.data.raw.RawDataset.warnings` (a run prints each on one line, not under
+    ``--quiet``, and keeps it in its summary's ``warnings`` and ``data_notes``)."""
+    out = []
     for key, what in (("skipped_empty", "pairs with an empty side skipped (option empty_lines='skip')"),
                       ("truncated", f"sequences longer than max_length={notes.get('max_length')} tokens truncated "
                                     "(option too_long='truncate')")):
@@ -305,7 +307,8 @@ def warn_notes(dataset: str, notes: dict[str, Any]) -> None:
         total = sum(counts.values())
         if total:
             per = ", ".join(f"{k} {v:,}" for k, v in counts.items())
-            warnings.warn(f"dataset {dataset!r}: {total:,} {what}: {per}", stacklevel=3)
+            out.append(f"dataset {dataset!r}: {total:,} {what}: {per}")
+    return out
 
 
 # -- the cache ----------------------------------------------------------------------------------------------------
@@ -580,8 +583,9 @@ def load_parallel(dataset: str, root: str | None, *, src_lang: Any, tgt_lang: An
         return enc
 
     enc = cached_corpus(key, cache_dir, build)
-    warn_notes(dataset, enc.notes)
-    return make_dataset(dataset, enc, src_lang, tgt_lang, decode_options, max_tokens)
+    raw = make_dataset(dataset, enc, src_lang, tgt_lang, decode_options, max_tokens)
+    raw.warnings.extend(note_warnings(dataset, enc.notes))
+    return raw
 
 
 @DATASETS.register("parallel_text", "a parallel corpus from {prefix}.{lang} files under data.root (options src_lang, "

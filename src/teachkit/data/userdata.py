@@ -5,12 +5,16 @@ Labels, per split, become targets as follows (``task`` option of the source):
 
 - ``classification`` / ``binary``: integer labels >= 0 are class ids as they are (``num_classes`` = the
   largest + 1); any other labels (strings, negative integers) are sorted and numbered 0, 1, ... over all
-  splits. Whole-number floats count as integers. A label found in val or test but never in train is an error.
+  splits. Whole-number floats count as integers. A label found in val or test but never in train is an error,
+  and so is a class count above the number of training rows or above :data:`MAX_CLASSES` (100,000): such ids
+  are not 0..C-1 (one stray label of 1e9 would otherwise ask for a billion classes); relabel them, or set
+  ``task: regression`` for real-valued targets. A fractional float label is an error for a class task.
 - ``regression``: float32 targets, (N,) for one output or (N, d) for d outputs (``num_classes`` = d).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,10 @@ from teachkit.errors import ConfigError, DataError
 #: the ``task`` values a file source accepts (``binary`` = two classes measured by F1, see teachkit.tasks.binary)
 FILE_TASKS = ("classification", "binary", REGRESSION)
 SPLITS = ("train", "val", "test")
+#: the most classes a file source may have (inferred from its labels); more is taken for a labelling mistake
+MAX_CLASSES = 100_000
+#: floats at or beyond this magnitude are not exact integers, so never class ids
+_EXACT_FLOAT_INT = 2.0**53
 
 
 def check_task(dataset: str, task: Any) -> str:
@@ -82,9 +90,17 @@ def features_tensor(dataset: str, part: str, x: np.ndarray) -> torch.Tensor:
     if x.ndim == 0:
         raise DataError(f"dataset {dataset!r}: {part} inputs must have a sample dimension, got a scalar")
     x = x.reshape(-1, 1) if x.ndim == 1 else x
-    out = torch.from_numpy(np.require(x, np.float32, ["C", "W"]))
+    if 0 in x.shape[1:]:
+        raise DataError(f"dataset {dataset!r}: {part} inputs have shape {x.shape}: no feature per sample")
+    with np.errstate(over="ignore"):  # numbers beyond float32's range become inf: named below
+        out = torch.from_numpy(np.require(x, np.float32, ["C", "W"]))
     if out.numel() and not bool(torch.isfinite(out).all()):
-        raise DataError(f"dataset {dataset!r}: {part} inputs contain NaN or infinite values (missing values?)")
+        at = tuple(int(i) for i in torch.nonzero(~torch.isfinite(out))[0].tolist())
+        value = x[at].item()
+        why = (f"{value:.3g} is beyond float32's range (about 3.4e38); rescale the inputs" if math.isfinite(value)
+               else f"{value} (missing values?)")
+        raise DataError(f"dataset {dataset!r}: {part} inputs contain NaN or infinite values: row {at[0] + 1}, "
+                        f"position {list(at[1:])} holds {why}")
     return out
 
 
@@ -92,9 +108,29 @@ def _as_int_labels(y: np.ndarray) -> np.ndarray | None:
     """``y`` as int64 when it holds whole numbers (integers, bools, or whole-number floats); else None."""
     if y.dtype == np.bool_ or np.issubdtype(y.dtype, np.integer):
         return y.astype(np.int64)
-    if np.issubdtype(y.dtype, np.floating) and np.isfinite(y).all() and (y == np.round(y)).all():
+    if np.issubdtype(y.dtype, np.floating) and not _non_class(y).any():
         return y.astype(np.int64)
     return None
+
+
+def _non_class(y: np.ndarray) -> np.ndarray:
+    """Where float labels ``y`` are not class ids: NaN, infinite, fractional or too large to be exact integers."""
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(y) | (y != np.round(y)) | (np.abs(y) >= _EXACT_FLOAT_INT)
+
+
+def check_class_count(dataset: str, ids: dict[str, np.ndarray], k: int) -> None:
+    """DataError when ``k`` classes (largest id + 1) exceed the training rows or :data:`MAX_CLASSES`: the ids
+    are then not 0..C-1 (a stray label); the message names the largest label, its split and row."""
+    rows = len(ids["train"])
+    if k <= min(rows, MAX_CLASSES):
+        return
+    part = max((p for p, v in ids.items() if v.size), key=lambda p: int(ids[p].max()))
+    row = int(np.argmax(ids[part]))
+    limit = f"the {rows:,} training rows" if rows < MAX_CLASSES else f"the limit of {MAX_CLASSES:,} classes"
+    raise DataError(f"dataset {dataset!r}: {part} label {int(ids[part][row])} (row {row + 1}) would make {k:,} "
+                    f"classes (ids 0..largest), more than {limit}; labels must be class ids 0..C-1: relabel them "
+                    f"(strings are numbered in sorted order), or set task: {REGRESSION} for real-valued targets")
 
 
 def class_targets(dataset: str, labels: dict[str, np.ndarray]) -> tuple[dict[str, torch.Tensor], int, list[str]]:
@@ -104,13 +140,15 @@ def class_targets(dataset: str, labels: dict[str, np.ndarray]) -> tuple[dict[str
             raise DataError(f"dataset {dataset!r}: {part} labels must be one per sample (N,), got shape {y.shape}; "
                             f"several target columns need task {REGRESSION!r}")
         if np.issubdtype(y.dtype, np.floating) and _as_int_labels(y) is None:
-            bad = float(y[~np.isfinite(y) | (y != np.round(y))][0])
-            raise DataError(f"dataset {dataset!r}: {part} labels hold the non-class value {bad!r}; class labels are "
-                            f"integers or strings (real-valued targets need option task: {REGRESSION})")
+            row = int(np.flatnonzero(_non_class(y))[0])
+            raise DataError(f"dataset {dataset!r}: {part} labels hold the non-class value {float(y[row])!r} (row "
+                            f"{row + 1}); class labels are integers 0..C-1 or strings (real-valued targets need "
+                            f"option task: {REGRESSION})")
     ints = {part: _as_int_labels(y) for part, y in labels.items()}
     if all(v is not None and (v.size == 0 or v.min() >= 0) for v in ints.values()):
         ids = {part: v for part, v in ints.items() if v is not None}
         k = 1 + max((int(v.max()) for v in ids.values() if v.size), default=0)
+        check_class_count(dataset, ids, k)
         names = [str(c) for c in range(k)]
     else:
         as_text = {part: np.asarray([str(v) for v in y.tolist()], dtype=object) if ints[part] is None
@@ -119,6 +157,10 @@ def class_targets(dataset: str, labels: dict[str, np.ndarray]) -> tuple[dict[str
         index = {v: i for i, v in enumerate(values)}
         ids = {part: np.asarray([index[v] for v in y.tolist()], dtype=np.int64) for part, y in as_text.items()}
         k, names = len(values), [str(v) for v in values]
+        if k > MAX_CLASSES:
+            raise DataError(f"dataset {dataset!r}: the labels hold {k:,} distinct values, more than the limit of "
+                            f"{MAX_CLASSES:,} classes; is the label column an id or a real-valued target (task: "
+                            f"{REGRESSION})?")
     seen = set(np.unique(ids["train"]).tolist())
     for part in ("val", "test"):
         if part in ids:
@@ -142,7 +184,8 @@ def regression_targets(dataset: str, labels: dict[str, np.ndarray]) -> tuple[dic
         if y.ndim not in (1, 2):
             raise DataError(f"dataset {dataset!r}: {part} regression targets must be (N,) or (N, d), got shape "
                             f"{y.shape}")
-        t = torch.from_numpy(np.require(y, np.float32, ["C", "W"]))
+        with np.errstate(over="ignore"):  # beyond float32's range: refused just below
+            t = torch.from_numpy(np.require(y, np.float32, ["C", "W"]))
         if not bool(torch.isfinite(t).all()):
             raise DataError(f"dataset {dataset!r}: {part} targets contain NaN or infinite values (missing values?)")
         widths.add(1 if t.dim() == 1 else int(t.shape[1]))
@@ -158,6 +201,10 @@ def assemble(dataset: str, parts: dict[str, tuple[np.ndarray, np.ndarray]], task
     ``test``. Inputs become float32, labels class ids or regression targets (module docstring)."""
     xs: dict[str, torch.Tensor] = {}
     for part, (x, y) in parts.items():
+        for what, a in (("inputs", x), ("labels", y)):
+            if np.ndim(a) == 0:
+                raise DataError(f"dataset {dataset!r}: {part} {what} must be an array with one row per sample "
+                                f"(N, ...), got a 0-d array (one value: {np.asarray(a).item()!r})")
         if len(x) == 0:
             raise DataError(f"dataset {dataset!r}: the {part} split is empty")
         if len(x) != len(y):

@@ -9,7 +9,8 @@ digest recognises (the file is accepted and the sidecar rewritten). Nothing is e
 
 Every write goes through :func:`atomic_write`, which turns an ``OSError`` (disk full, read-only folder, a file
 where a folder should be) into a one-line :class:`WriteError` naming the file and the system's reason; the
-previous version of the file is untouched. A kill can leave a temporary ``.NAME.XXXX.tmp`` beside the file:
+previous version of the file is untouched. Files get the mode ``open`` would give them (0666 without the
+umask's bits), folders 0777 without them. A kill can leave a temporary ``.NAME.XXXX.tmp`` beside the file:
 :func:`remove_temporary_files` sweeps them when a run folder is reopened.
 """
 
@@ -31,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from teachkit.errors import CheckpointError, WriteError
+from teachkit.options import short_repr
 
 STATE_KEY = "teachkit_state"
 DIGEST_KEY = "teachkit_content_sha256"
@@ -45,8 +47,64 @@ def os_reason(e: OSError) -> str:
 
 
 def write_error(path: str | Path, e: OSError) -> WriteError:
-    """``cannot write 'PATH': REASON`` as a :class:`WriteError`."""
-    return WriteError(f"cannot write {str(path)!r}: {os_reason(e)}")
+    """``cannot write 'PATH': REASON`` as a :class:`WriteError`; a read-only filesystem or a missing permission
+    says where to look."""
+    return WriteError(f"cannot write {str(path)!r}: {os_reason(e)}{write_hint(e.errno, path)}")
+
+
+def write_hint(code: int | None, path: str | Path) -> str:
+    """What to do about a write that failed with ``errno`` ``code`` (``""`` when there is nothing to say)."""
+    if code == errno.EROFS:
+        return " (the filesystem holding it is mounted read-only; choose out_dir on a writable disk)"
+    if code in (errno.EACCES, errno.EPERM):
+        return f" (no permission to write in {str(Path(path).parent)!r}; check its owner and mode, or out_dir)"
+    return ""
+
+
+def not_writable_reason(folder: str | Path) -> tuple[int, str]:
+    """Why ``folder`` cannot be written, for a folder ``os.access`` refused: ``(EROFS, 'Read-only file
+    system')`` on a read-only mount, else ``(EACCES, 'Permission denied')``."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows) or the folder vanished
+        read_only = False
+    code = errno.EROFS if read_only else errno.EACCES
+    return code, os.strerror(code)
+
+
+def _umask_from_proc() -> int | None:
+    """The process's umask from ``/proc/self/status`` (Linux >= 4.7); None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _umask_at_import() -> int:
+    mask = os.umask(0o022)  # read by setting it: done once, at import, before any thread writes files
+    os.umask(mask)
+    return mask
+
+
+_UMASK_AT_IMPORT = _umask_from_proc()
+if _UMASK_AT_IMPORT is None:
+    _UMASK_AT_IMPORT = _umask_at_import()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``); where that is unavailable, the
+    umask the process had when teachkit was imported."""
+    mask = _umask_from_proc()
+    return _UMASK_AT_IMPORT if mask is None else mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: 0666 without the umask's bits (0644 under umask 022)."""
+    return 0o666 & ~current_umask()
 
 
 def _as_os_error(e: Exception) -> OSError | None:
@@ -80,6 +138,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
         os.close(fd)
         write(tmp)
+        os.chmod(tmp, file_mode())  # mkstemp makes it 0600: give it the mode `open` would (the umask's)
         os.replace(tmp, path)
     except OSError as e:
         _discard(tmp)
@@ -175,6 +234,37 @@ def _read(path: Path, verify: bool = True) -> tuple[dict[str, Tensor], dict, boo
     return tensors, state, digest == content_digest(state_json, tensors)
 
 
+def _sidecar_sha256(path: Path, sidecar: Path) -> str | None:
+    """The sha256 the JSON ``sidecar`` of checkpoint ``path`` records; a one-line CheckpointError saying what the
+    sidecar holds when it is not a mapping with a ``sha256`` string (without a sidecar, the file's own content
+    digest vouches for it; the next save writes a new one)."""
+    fix = "delete it and the checkpoint's own digest is checked instead"
+    try:
+        data = json.loads(sidecar.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} is not valid JSON (expected a mapping with "
+                              f"the sha256 of {path.name!r}); {fix}") from None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} cannot be read: {os_reason(e)}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} holds a JSON {_json_kind(data)}, not a mapping "
+                              f"with the sha256 of {path.name!r}; {fix}")
+    digest = data.get("sha256")
+    if digest is not None and not isinstance(digest, str):
+        raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} has sha256={short_repr(digest, 40)}, not a "
+                              f"hex digest string; {fix}")
+    return digest
+
+
+def _json_kind(value: Any) -> str:
+    """How JSON names the type of a parsed value (``array``, ``string``, ``number``...)."""
+    if isinstance(value, list):
+        return f"array of {len(value)} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    return {str: "string", int: "number", float: "number"}.get(type(value), type(value).__name__)
+
+
 def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple[dict[str, Tensor], dict]:
     """Read a checkpoint, verifying its sha256 against ``expect_sha256`` (a trajectory manifest's) or the JSON
     sidecar's, and its content digest. A sidecar left stale by a kill between the file's rename and its own
@@ -186,12 +276,7 @@ def load_checkpoint(path: str | Path, expect_sha256: str | None = None) -> tuple
     sidecar = path.with_suffix(".json")
     from_sidecar = expect_sha256 is None and sidecar.is_file()
     if from_sidecar:
-        try:
-            expect_sha256 = json.loads(sidecar.read_text()).get("sha256")
-        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-            raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} is not valid JSON") from None
-        except OSError as e:
-            raise CheckpointError(f"checkpoint sidecar {str(sidecar)!r} cannot be read: {os_reason(e)}") from None
+        expect_sha256 = _sidecar_sha256(path, sidecar)
     try:
         actual = sha256_file(path) if expect_sha256 is not None else None
     except OSError as e:

@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -45,7 +46,8 @@ from typing import Any, TextIO
 from teachkit.config import CORE, dump_yaml, from_dict, to_dict, with_changes
 from teachkit.engine.checkpoint import atomic_write
 from teachkit.errors import ConfigError, TeachkitError
-from teachkit.experiments.sweep_backends import Backend, make_backend
+from teachkit.experiments.sweep_backends import Backend, make_backend, signal_name
+from teachkit.experiments.sweep_job import Heartbeat
 from teachkit.experiments.sweep_spec import RunSpec, SweepSpec, read_sweep
 from teachkit.losses.objective import needs_of
 from teachkit.recipes import RECIPES
@@ -60,6 +62,8 @@ SHARED = "shared"
 #: config keys that do not change a run's result (left out of a teacher's identity)
 NEUTRAL = {("train", "progress"), ("train", "device"), ("train", "tensorboard"), ("train", "save_every")}
 STATES = ("done", "running", "failed", "blocked", "queued")
+#: the line that opens each attempt in a job's log (:func:`teachkit.experiments.sweep_backends.log_header`)
+HEADER = re.compile(r"^--- \d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
 
 
 @dataclass
@@ -300,6 +304,7 @@ def plan_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
             except ConfigError as e:
                 raise ConfigError(f"sweep run {job.name!r}: {e}") from None
     plan = Plan(spec, [*teachers.values(), *shared, *students])
+    check_cycles(plan.jobs)
     folders: dict[Path, str] = {}
     for job in plan.jobs:
         key = job.run_dir.resolve()
@@ -309,6 +314,33 @@ def plan_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
         folders[key] = job.name
         _check_folder(plan, job)
     return plan
+
+
+def check_cycles(jobs: list[Job]) -> None:
+    """A one-line ConfigError naming the runs when jobs wait for each other in a circle (run a's
+    ``teacher.checkpoint`` inside run b's folder and b's inside a's): none of them could ever start."""
+    waits = {j.name: [*j.needs, *j.after] for j in jobs}
+    state: dict[str, int] = {}  # 1: on the current path, 2: checked
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for other in waits.get(name, []):
+            if state.get(other) == 1:
+                return [*path[path.index(other):], other]
+            if other not in state and (cycle := visit(other)) is not None:
+                return cycle
+        path.pop()
+        state[name] = 2
+        return None
+
+    for job in jobs:
+        if job.name not in state and (cycle := visit(job.name)) is not None:
+            chain = " -> ".join(repr(n) for n in cycle)
+            raise ConfigError(f"sweep runs wait for each other in a cycle, so none of them can start: {chain} (each "
+                              f"names the next one's folder as its teacher.checkpoint); give one of them a teacher "
+                              f"outside the cycle")
 
 
 def _shared_runs(spec: SweepSpec, students: list[Job], teachers: dict[str, Job]) -> list[Job]:
@@ -465,7 +497,8 @@ def _safe(name: str) -> str:
 
 
 def log_tail(file: Path | None, lines: int = 5) -> str:
-    """The last non-empty lines of a log file, joined with `` | `` (what a failed job said)."""
+    """The last non-empty lines a job's last attempt wrote to its log (after the attempt's header line), joined
+    with `` | `` (what a failed job said); empty when it wrote nothing."""
     if file is None:
         return ""
     try:
@@ -476,11 +509,23 @@ def log_tail(file: Path | None, lines: int = 5) -> str:
     except OSError:
         return ""
     kept = [t.strip() for t in text.replace("\r", "\n").splitlines() if t.strip()]
+    headers = [i for i, t in enumerate(kept) if HEADER.match(t)]
+    if headers:
+        kept = kept[headers[-1] + 1:]
     return " | ".join(kept[-lines:])
 
 
-def _prepare(plan: Plan, job: Job) -> tuple[list[str], Path]:
-    """Write the job's config file and marker; returns its command and log file."""
+def failure_reason(returncode: int | None, log: Path | None, known: str | None = None) -> str:
+    """Why a job failed: ``killed by signal 9 (SIGKILL)`` for a signal, else what the backend knows (a Ray task
+    that died), else its log's last lines, else its exit status."""
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {-returncode} ({signal_name(-returncode)})"
+    return known or log_tail(log) or f"exit status {returncode}"
+
+
+def _prepare(plan: Plan, job: Job, driver: Path | None = None) -> tuple[list[str], Path]:
+    """Write the job's config file and marker; returns its command (``driver``: the driver's heartbeat file,
+    which the job watches) and log file."""
     work = plan.folder / "_sweep"
     config_file = work / "configs" / f"{_safe(job.name)}.yaml"
     log = work / "logs" / f"{_safe(job.name)}.log"
@@ -493,6 +538,8 @@ def _prepare(plan: Plan, job: Job) -> tuple[list[str], Path]:
     atomic_write(job.run_dir / MARKER, lambda tmp: Path(tmp).write_text(marker))
     argv = [sys.executable, "-m", "teachkit.experiments.sweep_job", "--recipe", job.recipe,
             "--config", str(config_file), "--lock", str(lock)]
+    if driver is not None:
+        argv += ["--driver", str(driver)]
     return argv, log
 
 
@@ -510,7 +557,18 @@ def _block(plan: Plan, failed: Job, progress: Progress) -> None:
 
 
 def execute(plan: Plan, backend: Backend, progress: Progress, poll_s: float = 1.0) -> None:
-    """Run the plan's queued jobs on ``backend`` as their dependencies allow; returns when none can run."""
+    """Run the plan's queued jobs on ``backend`` as their dependencies allow; returns when none can run. A
+    heartbeat file names this process to the jobs, which stop when it dies (:mod:`~.sweep_job`)."""
+    with Heartbeat(plan.folder / "_sweep" / f"driver-{os.getpid()}.json") as heartbeat:
+        _execute(plan, backend, progress, poll_s, heartbeat.file)
+    for job in plan.jobs:  # cannot happen after check_cycles; never report such a sweep as done
+        if job.state == "queued":
+            waits = [n for n in [*job.needs, *job.after] if plan.job(n).state != "done"]
+            job.state, job.error = "blocked", f"never started: waits for {', '.join(waits) or 'nothing'}"
+    progress.write_status()
+
+
+def _execute(plan: Plan, backend: Backend, progress: Progress, poll_s: float, driver: Path) -> None:
     handles: dict[Any, Job] = {}
     progress.write_status()
     try:
@@ -519,7 +577,7 @@ def execute(plan: Plan, backend: Backend, progress: Progress, poll_s: float = 1.
                 if len(handles) >= backend.capacity:
                     break
                 if job.state == "queued" and _ready(plan, job):
-                    argv, log = _prepare(plan, job)
+                    argv, log = _prepare(plan, job, driver)
                     job.attempt_log, job.state, job.started, job.finished = log, "running", time.time(), None
                     job.returncode = job.error = None
                     handles[backend.start(argv, log)] = job
@@ -537,8 +595,8 @@ def execute(plan: Plan, backend: Backend, progress: Progress, poll_s: float = 1.
                     progress.event(f"done     {job.name}  {_duration(job.wall_s)}  {result_of(job)}")
                 else:
                     job.state = "failed"
-                    job.error = log_tail(job.attempt_log) or f"exit status {rc}"
-                    progress.event(f"FAILED   {job.name} (exit {rc}): {job.error}")
+                    job.error = failure_reason(rc, job.attempt_log, backend.reason(handle))
+                    progress.event(f"FAILED   {job.name}" + (f" (exit {rc}): " if rc >= 0 else ": ") + job.error)
                     _block(plan, job, progress)
                 progress.write_status()
             progress.refresh()
@@ -576,6 +634,21 @@ class SweepResult:
         return not self.failed
 
 
+def print_outcome(plan: Plan, failed: list[Job], out: TextIO, quiet: bool) -> None:
+    """The sweep's summary line and one line per failed run (name and reason); with ``quiet`` only when
+    something failed."""
+    if quiet and not failed:
+        return
+    print(f"sweep {plan.spec.name}: {plan.counts()['done']}/{len(plan.jobs)} done, {len(failed)} failed; "
+          f"teacher forwards saved by cached teacher outputs: {forwards_saved(plan):,}; status: "
+          f"{plan.folder / STATUS}", file=out)
+    for j in failed:
+        print(f"  failed: {j.name}: {j.error}" + (f" (log: {j.attempt_log})" if j.attempt_log else ""), file=out)
+    if failed and not quiet:
+        print("rerun the same command to retry the failed runs (finished runs are skipped, interrupted ones "
+              "resume)", file=out)
+
+
 def describe_plan(plan: Plan) -> str:
     """The plan as text: one line per job (state, role, dependencies)."""
     lines = [f"sweep {plan.spec.name}: {len(plan.jobs)} runs ({sum(j.role == 'teacher' for j in plan.jobs)} shared "
@@ -611,24 +684,16 @@ def run_sweep(path: str | Path, *, workers: int = 1, workers_given: bool = True,
         print(describe_plan(plan), file=sys.stdout)
         return SweepResult(plan, [])
     plan.folder.mkdir(parents=True, exist_ok=True)
-    progress = Progress(plan, backend, chosen.capacity, out, quiet)
-    skipped = sum(j.skipped for j in plan.jobs)
-    teachers = sum(j.role == "teacher" for j in plan.jobs)
-    users = sum(1 for j in plan.jobs if j.needs)
-    progress.event(f"sweep {plan.spec.name}: {len(plan.jobs)} runs ({teachers} shared teachers for {users} runs; "
-                   f"{skipped} already finished) on {chosen.describe()} -> {plan.folder}")
-    with chosen:
+    with chosen:  # connected first (a Ray cluster that does not answer is one line, before anything is printed)
+        progress = Progress(plan, backend, chosen.capacity, out, quiet)
+        skipped = sum(j.skipped for j in plan.jobs)
+        teachers = sum(j.role == "teacher" for j in plan.jobs)
+        users = sum(1 for j in plan.jobs if j.needs)
+        progress.event(f"sweep {plan.spec.name}: {len(plan.jobs)} runs ({teachers} shared teachers for {users} "
+                       f"runs; {skipped} already finished) on {chosen.describe()} -> {plan.folder}")
         execute(plan, chosen, progress)
     failed = [j for j in plan.jobs if j.state in ("failed", "blocked")]
-    saved = forwards_saved(plan)
-    if not quiet:
-        print(f"sweep {plan.spec.name}: {plan.counts()['done']}/{len(plan.jobs)} done, {len(failed)} failed; "
-              f"teacher forwards saved by cached teacher outputs: {saved:,}; status: {plan.folder / STATUS}", file=out)
-        for j in failed:
-            print(f"  failed: {j.name}: {j.error}" + (f" (log: {j.attempt_log})" if j.attempt_log else ""), file=out)
-        if failed:
-            print("rerun the same command to retry the failed runs (finished runs are skipped, interrupted ones "
-                  "resume)", file=out)
+    print_outcome(plan, failed, out, quiet)
     result = SweepResult(plan, failed)
     if report and reporter is not None and any(j.role == "student" and j.state == "done" for j in plan.jobs):
         try:

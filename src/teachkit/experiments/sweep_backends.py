@@ -2,25 +2,38 @@
 
 A job is a command line (``python -m teachkit.experiments.sweep_job ...``) and a log file; a backend starts it
 and reports its exit status. Local workers get ``cores // workers`` threads each (``OMP_NUM_THREADS``), so two
-workers on two cores do not stall each other's OpenMP, and die with the sweep (Linux ``PR_SET_PDEATHSIG``); a
-Ray task requests ``--threads`` CPUs and ``--gpus-per-run`` GPUs and runs the same command on its node (run
-folders and logs must be on a filesystem every node shares). Ray finds the cluster from ``RAY_ADDRESS`` (or
-starts a local one), as every Ray program does.
+workers on two cores do not stall each other's OpenMP; a Ray task requests ``--threads`` CPUs and
+``--gpus-per-run`` GPUs and runs the same command on its node (run folders and logs must be on a filesystem every
+node shares). Ray finds the cluster from ``RAY_ADDRESS`` (or starts a local one), as every Ray program does; an
+address that does not answer is a one-line error within seconds (:func:`check_ray_address`,
+:data:`RAY_CONNECT_S`), not minutes of retries.
+
+Jobs die with the sweep on both backends: each job watches its driver (``sweep_job``: the driver's pid on its
+machine, its heartbeat file elsewhere, its own parent everywhere) and exits, with its descendants, within a second
+or so of the driver's death (Linux also ``PR_SET_PDEATHSIG``). A job forked from the fork server gives up its
+handle on the server (:func:`_release_fork_server`), so the server, too, ends with the driver.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from teachkit.errors import ConfigError
+from teachkit.experiments.sweep_job import die_with_parent
 
 BACKENDS = ("local", "ray")
+#: seconds to wait for a host:port RAY_ADDRESS to accept a connection, then for Ray to connect to it
+PORT_CHECK_S = 5.0
+RAY_CONNECT_S = 30.0
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -36,13 +49,12 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9, ``signal 70`` for a number that names none."""
     try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def log_header(log: str | Path, argv: list[str]) -> None:
@@ -74,6 +86,10 @@ class Backend:
     def stop(self, handles: list[Any]) -> None:
         """Stop running jobs (an interrupted sweep); their run folders keep their last finished epoch."""
 
+    def reason(self, handle: Any) -> str | None:
+        """Why a finished job failed where the backend knows better than its exit status (a Ray task that died)."""
+        return None
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -87,7 +103,8 @@ class Backend:
 def _job_in_child(args: list[str], log: str, threads: int) -> None:  # pragma: no cover - runs in the child
     """A job forked from the sweep's fork server (teachkit and torch already imported): output to ``log``, the
     thread count set, then :func:`teachkit.experiments.sweep_job.main`; its exit status is the process's."""
-    _die_with_parent()
+    die_with_parent()
+    _release_fork_server()
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -99,6 +116,22 @@ def _job_in_child(args: list[str], log: str, threads: int) -> None:  # pragma: n
 
     torch.set_num_threads(threads)
     sys.exit(main(args))
+
+
+def _release_fork_server() -> None:  # pragma: no cover - runs in the child
+    """Close the fork server's "alive" pipe that ``multiprocessing`` hands every forked child: the server exits
+    when the last holder closes it, so a job holding it would keep the server (and so every job, whose parent it
+    is) alive after the driver died. A job that starts a fork server of its own gets a new one."""
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        fd = server._forkserver_alive_fd
+        if fd is not None and server._forkserver_pid is None:  # a child's inherited copy, not a server we started
+            server._forkserver_alive_fd = None
+            os.close(fd)
+    except (AttributeError, OSError):
+        pass
 
 
 #: what the fork server imports once, so a job starts in a fraction of a second instead of ~2-4 s
@@ -135,7 +168,7 @@ class LocalBackend(Backend):
             proc.start()
             return proc
         f = open(log, "ab")  # noqa: SIM115 - closed when the job ends
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        preexec = die_with_parent if sys.platform.startswith("linux") else None
         popen = subprocess.Popen(argv, env={**os.environ, **thread_env(self.threads)}, stdout=f,
                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=preexec)
         self._logs[popen] = f
@@ -196,13 +229,15 @@ class RayBackend(Backend):
         self.workers = workers
         self.capacity = workers or 1
         self._task: Any = None
+        self._why: dict[Any, str] = {}
 
     def __enter__(self) -> RayBackend:
         ray = self.ray
         address = os.environ.get("RAY_ADDRESS")
         if not ray.is_initialized():
             if address:
-                ray.init(address=address, log_to_driver=False)
+                check_ray_address(address)
+                connect_ray(ray, address)
             else:
                 ray.init(num_cpus=max(cpu_count(), self.threads), include_dashboard=False, log_to_driver=False)
         if self.workers is None:
@@ -231,9 +266,14 @@ class RayBackend(Backend):
         for ref in ready:
             try:
                 out.append((ref, int(self.ray.get(ref))))
-            except Exception:  # a task that died (node lost, cancelled): a failed job, as a crash would be
-                out.append((ref, -1))
+            except Exception as e:  # a task that died (node lost, cancelled): a failed job, as a crash would be
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                self._why[ref] = f"the Ray task died: {type(e).__name__}" + (f": {first}" if first else "")
+                out.append((ref, 1))
         return out
+
+    def reason(self, handle: Any) -> str | None:
+        return self._why.pop(handle, None)
 
     def stop(self, handles: list[Any]) -> None:
         for ref in handles:
@@ -241,6 +281,76 @@ class RayBackend(Backend):
                 self.ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - already finished
                 pass
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``host:port`` or ``ray://host:port`` address, None for anything else (``auto``)."""
+    rest = address.strip()
+    for scheme in ("ray://", "http://", "https://"):
+        if rest.startswith(scheme):
+            rest = rest[len(scheme):]
+    rest = rest.split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
+def check_ray_address(address: str, timeout: float = PORT_CHECK_S) -> None:
+    """A one-line ConfigError unless the ``host:port`` of ``RAY_ADDRESS`` accepts a TCP connection within
+    ``timeout`` seconds (Ray itself would retry for minutes); other forms (``auto``, ``local``) are left to Ray."""
+    target = _host_port(address)
+    if target is None:
+        return
+    try:
+        with socket.create_connection(target, timeout=timeout):
+            return
+    except OSError as e:
+        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__).lower()
+    raise ConfigError(f"RAY_ADDRESS={address!r} does not answer ({why} within {timeout:g} s): start the Ray "
+                      f"cluster there (ray start --head) or correct RAY_ADDRESS, or unset it to run on a local Ray "
+                      f"instance")
+
+
+class _DropMessage(logging.Filter):
+    """Drops the log records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def connect_ray(ray: Any, address: str, timeout: float = RAY_CONNECT_S) -> None:
+    """``ray.init(address=...)``, given up with a one-line ConfigError when it fails or has not connected within
+    ``timeout`` seconds (a port that accepts but is no Ray cluster); Ray may go on retrying in the background."""
+    failure: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except BaseException as e:  # noqa: BLE001 - reported below, in the calling thread
+            failure.append(e)
+
+    if threading.current_thread() is threading.main_thread():  # what ray.init does when called from it
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+    warns = logging.getLogger("ray._private.worker")  # ... and warns it did not do in another thread
+    quiet = _DropMessage("SIGTERM handler is not set")
+    warns.addFilter(quiet)
+    thread = threading.Thread(target=init, name="teachkit-ray-init", daemon=True)
+    try:
+        thread.start()
+        thread.join(timeout)
+    finally:
+        warns.removeFilter(quiet)
+    if thread.is_alive():
+        raise ConfigError(f"RAY_ADDRESS={address!r}: Ray did not connect to it within {timeout:g} s (is it a Ray "
+                          f"cluster's address? ray status there tells); correct or unset RAY_ADDRESS")
+    if failure:
+        first = (str(failure[0]).strip().splitlines() or [type(failure[0]).__name__])[0][:200]
+        raise ConfigError(f"RAY_ADDRESS={address!r}: Ray cannot connect to it: {first}")
 
 
 def make_backend(name: str, *, workers: int, threads: int | None, gpus_per_run: float,

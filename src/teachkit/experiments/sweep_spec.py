@@ -45,6 +45,8 @@ from teachkit.registry import closest
 
 #: keys of a sweep file
 SWEEP_KEYS = ("sweep", "out_dir", "base", "config", "recipe", "grid", "list", "report", "plugins")
+#: keys of which a sweep file needs at least one, or it defines no runs
+RUN_KEYS = ("base", "config", "grid", "list")
 #: keys of a list entry that are not config keys
 ENTRY_KEYS = ("label", "recipe", "base", "grid")
 #: the axis name of a plain ``list:``
@@ -263,6 +265,11 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
     if unknown:
         raise ConfigError(f"sweep file {str(path)!r}: unknown key {short_repr(unknown[0])}"
                           f"{closest(str(unknown[0]), list(SWEEP_KEYS))}; allowed: {', '.join(SWEEP_KEYS)}")
+    if not any(raw.get(k) for k in RUN_KEYS):
+        what = "is empty" if not raw else f"sets only {', '.join(map(str, raw))}"
+        raise ConfigError(f"sweep file {str(path)!r} defines no runs (it {what}): give it a base config (base: FILE "
+                          f"and/or config: {{...}}) and a grid: and/or list: of overrides; allowed keys: "
+                          f"{', '.join(SWEEP_KEYS)}")
     root = path.resolve().parent
     name = raw.get("sweep", path.stem)
     if not isinstance(name, str) or not _NAME.match(name):

@@ -19,14 +19,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from teachkit.data.text import load_tokenizer, resolve_pretrained, tokenisation
+from teachkit.data.text import load_tokenizer, resolve_pretrained, tokenisation, tokenizer_of
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
-from teachkit.models.zoo import MODELS, fraction, input_shape_of, positive_int
+from teachkit.models.zoo import MODELS, build_model, fraction, input_shape_of, positive_int
 from teachkit.options import short_repr
 from teachkit.registry import closest
 
-__all__ = ["HEADS", "OUTPUT_NAMES", "PRESETS", "HFTextModel", "hf_text"]
+__all__ = ["HEADS", "OUTPUT_NAMES", "PRESETS", "HFTextModel", "check_fits", "check_recorded_fits", "hf_text",
+           "max_tokens"]
 
 #: name: (layers, hidden, heads, intermediate)
 PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -50,6 +51,8 @@ PROBS_ATTENTION = "teachkit_probs"
 #: model types whose attention is plain scaled dot-product (no relative bias, softcap, sinks): the
 #: ``teachkit_probs`` implementation computes exactly their eager attention
 _PLAIN_ATTENTION = ("bert", "roberta", "xlm-roberta", "camembert", "electra", "distilbert")
+#: model types whose position ids start after the padding id: ``pad_token_id + 1`` positions are never inputs
+_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert")
 _DROPOUT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "dropout",
                  "attention_dropout", "seq_classif_dropout", "qa_dropout")
 
@@ -80,6 +83,22 @@ def _register_probs_attention() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(PROBS_ATTENTION, eager_mask)
 
 
+
+
+def max_tokens(config: Any) -> int | None:
+    """The longest input, in tokens, a Hugging Face encoder's position embeddings take: its
+    ``max_position_embeddings`` (RoBERTa-type models, whose positions start after the padding id: minus
+    ``pad_token_id + 1``); None when it does not say or has no absolute positions (DeBERTa without
+    position-biased input)."""
+    n = getattr(config, "max_position_embeddings", None)
+    if not isinstance(n, int) or isinstance(n, bool):
+        return None
+    kind = str(getattr(config, "model_type", ""))
+    if kind.startswith("deberta") and not getattr(config, "position_biased_input", True):
+        return None
+    if kind in _OFFSET_POSITIONS:
+        n -= int(getattr(config, "pad_token_id", None) or 0) + 1
+    return n
 
 
 class HFTextModel(nn.Module):
@@ -118,7 +137,16 @@ class HFTextModel(nn.Module):
         self._has_pooler = head == "sequence" and isinstance(getattr(base, "pooler", None), nn.Module)
         self.input_kind = "tokens"
         self.tokenizer_name: str | None = None
+        #: how messages name this model (``model 'hf_text' (preset 'bert-tiny')``), set by :func:`hf_text`
+        self.label = f"model {type(hf).__name__}"
+        #: the longest input its position embeddings take (None: no limit known), see :func:`max_tokens`
+        self.max_tokens = max_tokens(config)
         self.tap_spec = TapSpec(embedding=self._classifier_path())
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the input embedding: every token id the model reads must be below it."""
+        return int(self.hf.get_input_embeddings().num_embeddings)
 
     def _classifier_path(self) -> str | None:
         """The Linear mapping the pooled feature to the logits (``hf.classifier`` for BERT-type sequence
@@ -169,6 +197,10 @@ class HFTextModel(nn.Module):
         if "input_ids" not in x:
             raise ConfigError(f"text model input has no input_ids (keys: {', '.join(map(str, given)) or 'none'})")
         args = {k: x[k].long() for k in self._model_inputs if k in x}  # token columns are stored as int32
+        length = args["input_ids"].shape[-1]
+        if self.max_tokens is not None and length > self.max_tokens:  # else an IndexError deep in the embeddings
+            raise ConfigError(f"{self.label} takes at most {self.max_tokens} tokens (its position embeddings) but "
+                              f"got a batch of {length}; set data.options.max_length to at most {self.max_tokens}")
         want = self._requested & set(OUTPUT_NAMES)
         if not self._requested:
             return self._logits(self.hf(**args))
@@ -322,7 +354,7 @@ def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = N
         except Exception as e:  # noqa: BLE001 - an unsupported architecture or broken weights are one line
             raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot load a {head} model from {folder!r} "
                               f"({_one_line(e)})") from None
-        tokenizer_name = path
+        tokenizer_name, source = path, f"path {path!r}"
     else:
         n_layers, n_hidden, n_heads, n_inter = _sizes(preset, layers, hidden, heads, intermediate)
         if not isinstance(tokenizer, str):
@@ -342,12 +374,14 @@ def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = N
             k = _init_every(init_every, teacher.config.num_hidden_layers, n_layers)
             copied = [i * k for i in range(n_layers)] if _on_meta() else copy_teacher_layers(hf, teacher, k)
         tokenizer_name = tokenizer
-    max_pos = getattr(hf.config, "max_position_embeddings", None)
-    if len(dims) == 1 and isinstance(max_pos, int) and dims[0] > max_pos:
-        raise ConfigError(f"model 'hf_text' takes sequences of at most {max_pos} tokens; the data has {dims[0]} "
-                          "(lower the dataset's max_length)")
+        source = f"preset {preset!r}" if preset is not None else f"{n_layers} layers x {n_hidden}"
+    max_pos = max_tokens(hf.config)
+    if len(dims) == 1 and max_pos is not None and dims[0] > max_pos:
+        raise ConfigError(f"model 'hf_text' ({source}) takes sequences of at most {max_pos} tokens; the data has "
+                          f"{dims[0]}: set data.options.max_length to at most {max_pos}")
     model = HFTextModel(hf, head, inputs, attention)
     model.tokenizer_name = tokenizer_name
+    model.label = f"model 'hf_text' ({source})"
     #: the teacher layer each student layer was copied from (init_from), else None
     model.init_from_layers = copied
     return model
@@ -414,3 +448,48 @@ def copy_teacher_layers(student: nn.Module, teacher: nn.Module, every: int) -> l
     if isinstance(s_pool, nn.Module) and isinstance(t_pool, nn.Module):
         s_pool.load_state_dict(t_pool.state_dict())
     return copied
+
+
+def check_fits(model: nn.Module, features: Iterable[Any], who: str, dataset: str, side: str | None = None) -> None:
+    """A one-line ConfigError when tokenised ``features`` (the splits' ``x``) cannot go through text ``model``:
+    their ``max_length`` is more than its position embeddings take, or their largest token id (in the
+    tokenisation the model reads: ``side``, default its own ``inputs``) has no row in its embedding (an
+    IndexError deep in the model otherwise). ``who`` names the model in the message; models other than
+    :class:`HFTextModel` and data other than tokens pass."""
+    if not isinstance(model, HFTextModel):
+        return
+    xs = [x for x in features if hasattr(x, "inputs") and hasattr(x, "max_length")]
+    if not xs:
+        return
+    side = side or model.inputs
+    limit, length = model.max_tokens, max(int(x.max_length) for x in xs)
+    if limit is not None and length > limit:
+        raise ConfigError(f"data.options.max_length={length} is more than {who} takes: at most {limit} tokens (its "
+                          f"position embeddings); set data.options.max_length to at most {limit}")
+    largest = -1
+    for x in xs:
+        ids = tokenisation(x.inputs, side).get("input_ids")
+        if isinstance(ids, Tensor) and ids.numel():
+            largest = max(largest, int(ids.max()))
+    vocab = model.vocab_size
+    if largest >= vocab:
+        tok = tokenizer_of(xs[0], side)
+        named = f" of tokenizer {tok['name']!r}" if tok else ""
+        fix = ("set data.options.teacher_tokenizer to the tokenizer the teacher was trained with" if side == "teacher"
+               else "give the model the data's tokenizer (model.options.tokenizer or path) or the data the model's "
+                    "(data.options.tokenizer)")
+        raise ConfigError(f"{who} has a vocabulary of {vocab} token ids (0..{vocab - 1}) but dataset {dataset!r} "
+                          f"gives it ids up to {largest}{named}; {fix}")
+
+
+def check_recorded_fits(state: Mapping[str, Any], features: Iterable[Any], who: str, dataset: str,
+                        side: str | None = None) -> None:
+    """:func:`check_fits` for the ``hf_text`` model a checkpoint's ``state`` records (``model``, ``input_shape``,
+    ``num_classes``), built on the meta device (its config only, no weights); other models pass."""
+    model = state.get("model")
+    if not isinstance(model, Mapping) or model.get("name") != "hf_text":
+        return
+    options = model.get("options") if isinstance(model.get("options"), Mapping) else {}
+    with torch.device("meta"):
+        built = build_model("hf_text", tuple(state["input_shape"]), int(state["num_classes"]), **options)
+    check_fits(built, features, who, dataset, side)

@@ -16,12 +16,15 @@ from torch import nn
 from teachkit.config import RunConfig, from_dict, to_dict, with_changes
 from teachkit.data import DataConfig, Splits, splits_for
 from teachkit.data.raw import is_tokens
+from teachkit.data.text import check_tokenizer, tokenizer_of
 from teachkit.engine import load_checkpoint, resolve_device
 from teachkit.engine.checkpoint import describe_mismatch, strip
 from teachkit.engine.runlog import RunLog
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.models import FrozenTeacher, ModelConfig, make_model
+from teachkit.models.text import check_recorded_fits
 from teachkit.options import short_repr
+from teachkit.trust import TrustError, reading_from
 
 __all__ = ["FrozenTeacher", "RunResult", "check_compatible", "checkpoint_file", "composed_cost", "device_of",
            "finished_run", "load_data", "load_model", "model_meta", "seed_everything", "with_changes"]
@@ -126,7 +129,12 @@ def model_meta(cfg: RunConfig, splits: Splits, loss: str) -> dict[str, Any]:
     vocabulary = getattr(splits.train.x, "vocabulary_digest", None)  # token-level outputs over a vocabulary
     if vocabulary is not None:
         meta["vocabulary"] = vocabulary
-    notes = getattr(splits.train.x, "data_notes", None)  # what reading the files did (lines skipped, truncated)
+    tokenizer = tokenizer_of(splits.train.x, str(cfg.model.options.get("inputs", "student")))  # the ids it reads
+    if tokenizer is not None:
+        meta["tokenizer"] = tokenizer
+    notes = dict(getattr(splits.train.x, "data_notes", None) or {})  # what reading the files did (lines skipped)
+    if splits.warnings:  # the data's one-line warnings (pairs skipped, one class)
+        notes["warnings"] = list(splits.warnings)
     if notes:
         meta["data_notes"] = notes
     return meta
@@ -172,6 +180,8 @@ def model_fields(state: dict[str, Any], file: str | Path) -> tuple[ModelConfig, 
     shape, classes = shape_and_classes(state, file)
     try:
         model_cfg = from_dict(state["model"], ModelConfig)
+    except TrustError:
+        raise
     except ConfigError as e:
         raise CheckpointError(f"checkpoint {str(file)!r} records a model this version cannot build ({e})") from None
     return model_cfg, shape, classes
@@ -179,14 +189,19 @@ def model_fields(state: dict[str, Any], file: str | Path) -> tuple[ModelConfig, 
 
 def load_model(path: str | Path, select: str = "last", device: torch.device | str = "cpu") -> tuple[nn.Module, dict]:
     """Rebuild a model from a teachkit checkpoint (file or run folder); returns (model, state). The state also
-    gives the file under ``source_file`` (for messages such as :func:`check_compatible`'s)."""
+    gives the file under ``source_file`` (for messages such as :func:`check_compatible`'s). A model factory the
+    checkpoint names is imported only when the user named it in this command or trusts code read from disk
+    (:mod:`teachkit.trust`)."""
     file = checkpoint_file(path, select)
     tensors, state = load_checkpoint(file)
-    model_cfg, shape, classes = model_fields(state, file)
-    try:
-        model = make_model(model_cfg, shape, classes)
-    except ConfigError as e:
-        raise CheckpointError(f"checkpoint {str(file)!r} records a model that cannot be built ({e})") from None
+    with reading_from(f"checkpoint {str(file)!r}"):
+        model_cfg, shape, classes = model_fields(state, file)
+        try:
+            model = make_model(model_cfg, shape, classes)
+        except TrustError:
+            raise
+        except ConfigError as e:
+            raise CheckpointError(f"checkpoint {str(file)!r} records a model that cannot be built ({e})") from None
     try:
         model.load_state_dict(strip("model/", tensors))
     except RuntimeError as e:
@@ -198,8 +213,10 @@ def load_model(path: str | Path, select: str = "last", device: torch.device | st
 def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | None = None,
                      who: str = "teacher") -> None:
     """The checkpoint's model (``who``: the teacher, or ``the model in FILE`` for eval) and the dataset must
-    agree on class count and input shape; the one-line ConfigError names the checkpoint (``source``, default
-    the ``source_file`` that :func:`load_model` records)."""
+    agree on class count and input shape; on text also on the tokenizer (the ``tokenizer`` digest it records,
+    when it does), and the data's ``max_length`` and token ids must fit its position embeddings and vocabulary.
+    The one-line ConfigError names the checkpoint (``source``, default the ``source_file`` that
+    :func:`load_model` records)."""
     source = source if source is not None else teacher_state.get("source_file")
     shape, classes = shape_and_classes(teacher_state, source)
     where = f" (checkpoint {str(source)!r})" if source is not None and who == "teacher" else ""
@@ -217,3 +234,11 @@ def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | N
     if shape != tuple(splits.input_shape) and not is_tokens(splits.train.x):  # text models take any length
         raise ConfigError(f"{who} takes inputs of shape {shape} but dataset {splits.name!r} has "
                           f"{tuple(splits.input_shape)}{where}")
+    if is_tokens(splits.train.x):  # text: the tokenizer it was trained on, then its positions and vocabulary
+        options = (teacher_state.get("model") or {}).get("options") if isinstance(teacher_state.get("model"), dict) \
+            else None
+        side = "teacher" if who == "teacher" or (isinstance(options, dict) and options.get("inputs") == "teacher") \
+            else "student"
+        check_tokenizer(teacher_state.get("tokenizer"), splits.train.x, side, f"{who}{where}", splits.name)
+        check_recorded_fits(teacher_state, [s.x for s in (splits.train, *splits.eval_splits().values())],
+                            f"{who}{where}", splits.name, side)

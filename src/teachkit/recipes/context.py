@@ -34,12 +34,22 @@ from teachkit.data import Splits, make_augment
 from teachkit.data.loader import make_batches
 from teachkit.data.raw import is_regression, is_tokens
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
-from teachkit.engine.checkpoint import Trajectory, atomic_write, os_reason, remove_temporary_files
+from teachkit.engine.checkpoint import (
+    Trajectory,
+    atomic_write,
+    not_writable_reason,
+    os_reason,
+    remove_temporary_files,
+    write_hint,
+)
 from teachkit.engine.precision import Precision, has_recurrent, resolve_channels_last, resolve_precision
 from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError, WriteError
 from teachkit.models import ModelConfig, make_model
+from teachkit.models.probe import check_model_on_data
+from teachkit.models.zoo import is_user_model
 from teachkit.recipes.common import load_data, model_meta, seed_everything
+from teachkit.trust import TrustError, reading_from
 from teachkit.types import BatchSource, Evaluator
 
 
@@ -75,8 +85,9 @@ def check_writable(run_dir: Path) -> None:
                           f"folder (check out_dir)")
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "run folder" if existing == run_dir else "folder"
-        raise ConfigError(f"cannot write in {what} {str(existing)!r}: {os.strerror(errno.EACCES)} (check "
-                          f"out_dir)")
+        code, reason = not_writable_reason(existing)
+        hint = "its filesystem is mounted read-only; " if code == errno.EROFS else ""
+        raise ConfigError(f"cannot write in {what} {str(existing)!r}: {reason} ({hint}check out_dir)")
 
 
 def finished_epoch_files(run_dir: Path) -> list[Path]:
@@ -105,10 +116,34 @@ def remove_stale_outputs(run_dir: Path) -> None:
                 raise WriteError(f"cannot remove stale {str(f)!r}: {os_reason(e)}") from None
 
 
+class EmptyConfig(Exception):
+    """A run folder's ``config.yaml`` with no keys in it (``what``: how it is empty)."""
+
+    def __init__(self, saved: Path) -> None:
+        try:
+            size = saved.stat().st_size
+        except OSError:
+            size = -1
+        self.what = "empty (0 bytes)" if size == 0 else "empty (it holds no keys)"
+        super().__init__(self.what)
+
+
 def _saved_config(run_dir: Path) -> dict[str, Any]:
+    """The config ``run_dir/config.yaml`` records, defaults filled in; a one-line ConfigError when it is not a
+    config or is empty (an emptied file would otherwise read as the defaults and blame ``name='run'``)."""
     saved = run_dir / "config.yaml"
     try:
-        return to_dict(from_dict(read_yaml(saved)))
+        with reading_from(f"run folder {str(run_dir)!r} (its config.yaml)"):
+            data = read_yaml(saved)
+            if not data:  # an emptied file must not read as the defaults (name='run')
+                raise EmptyConfig(saved)
+            return to_dict(from_dict(data))
+    except EmptyConfig as e:
+        raise ConfigError(f"cannot resume {str(run_dir)!r}: its config.yaml is {e.what}, so the config the run was "
+                          f"made with is unknown; restore that file (e.g. from the config you ran it with), or delete "
+                          f"it to resume with this command's config unchecked") from None
+    except TrustError:
+        raise
     except ConfigError as e:
         raise ConfigError(f"cannot resume {str(run_dir)!r}: its config.yaml is not a valid config ({e})") from None
 
@@ -156,7 +191,8 @@ def _create(folder: Path) -> list[Path]:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise WriteError(f"cannot create run folder {str(folder)!r}: {os_reason(e)}") from None
+        raise WriteError(f"cannot create run folder {str(folder)!r}: {os_reason(e)}{write_hint(e.errno, folder)}") \
+            from None
     return missing[::-1]
 
 
@@ -228,7 +264,12 @@ class RunContext:
                               + ("real-valued targets need train.loss=l2" if is_regression(splits.task) else
                                  "l2 is for real-valued targets (task regression); use ce, mse or mse-logits"))
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
-            evaluator.check_model(make_model(cfg.model, splits.input_shape, splits.num_classes))
+            model = make_model(cfg.model, splits.input_shape, splits.num_classes)
+            evaluator.check_model(model)
+            if is_user_model(cfg.model.name):  # a forward of two rows: shapes and output width, before any write
+                rows = torch.arange(min(2, len(splits.train)))
+                check_model_on_data(model, splits.train.x[rows], len(rows), splits.num_classes, splits.task,
+                                    cfg.model.name, splits.name)
         text = dump_yaml(cfg)
         distributed.barrier()  # under torchrun: every process has checked the folder before rank 0 writes it
         if distributed.is_main():
@@ -315,7 +356,10 @@ class RunContext:
                 evaluator: Evaluator | None = None, frozen: Mapping[str, nn.Module] | None = None) -> Trainer:
         """A :class:`Trainer` for this run: its batches, evaluator (the task's unless given), optimiser, loop
         options and folder; ``frozen`` names the modules the step runs without training them (the teacher)."""
-        return Trainer(modules, step, self.batches(splits), optim or self.cfg.optim,
-                       evaluator or self.evaluator(splits),
-                       self.run_dir, loop=loop or self.loop(), callbacks=callbacks, meta=meta, resume=self.resume,
-                       desc=desc or self.cfg.name, frozen=frozen)
+        trainer = Trainer(modules, step, self.batches(splits), optim or self.cfg.optim,
+                          evaluator or self.evaluator(splits),
+                          self.run_dir, loop=loop or self.loop(), callbacks=callbacks, meta=meta, resume=self.resume,
+                          desc=desc or self.cfg.name, frozen=frozen)
+        for message in (splits or self.splits).warnings:  # the data's own (pairs skipped, one class)
+            trainer.warn(message)
+        return trainer

@@ -238,6 +238,8 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
             # the teacher after epoch k: its logits for the transfer set, cached once when inputs never change
             outputs = run_teacher_outputs(ctx, Tapped(teachers.at(stage.teacher_epoch)), needs={"logits"})
             followed.append(outputs)
+            if outputs.warning:  # a stale cache file, rebuilt
+                trainer.warn(outputs.warning)
             state["epoch"] = stage.teacher_epoch
 
     def step(batch, progress):
@@ -273,7 +275,7 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
         trainer.run_epoch()
     teachers.finish()
     phase1 = sum(1 for s in plan if s.kind != "ce")
-    cost = {"teacher_epochs_trained": teachers.epochs_trained_here, "teacher_epochs": teachers.total_epochs,
+    cost = {"teacher_epochs_trained": teachers.epochs_trained, "teacher_epochs": teachers.total_epochs,
             "student_epochs": cfg.train.epochs, "teacher_forward_images": sum(o.forwards for o in followed),
             "teacher_forwards_saved": state["saved"]}
     statuses = [o.status for o in followed]

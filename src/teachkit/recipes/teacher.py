@@ -307,7 +307,6 @@ class TeacherTrajectory:
                  trainer: Trainer | None = None) -> None:
         self.frozen, self.trajectory, self.total_epochs, self.trainer = frozen, trajectory, total_epochs, trainer
         self.mode = "online" if trainer is not None else "replay"
-        self.epochs_trained_here = 0
         self.loaded_epoch: int | None = None
 
     @property
@@ -317,13 +316,18 @@ class TeacherTrajectory:
             return list(range(self.total_epochs + 1))
         return self.trajectory.epochs
 
+    @property
+    def epochs_trained(self) -> int:
+        """Teacher epochs this run has trained, over every session (online: the teacher trainer's epoch, which a
+        resume restores from its checkpoint; replay: 0), for the cost report."""
+        return self.trainer.epoch if self.trainer is not None else 0
+
     def advance_to(self, epoch: int) -> None:
         """Online: train the teacher until it has completed ``epoch`` epochs."""
         if self.trainer is None:
             return
         while self.trainer.epoch < epoch:
             self.trainer.run_epoch()
-            self.epochs_trained_here += 1
 
     def at(self, epoch: int) -> FrozenTeacher:
         """The frozen teacher with its weights after ``epoch`` epochs."""

@@ -132,6 +132,16 @@ def _teacher_input(x: Any, channels_last: bool) -> Any:
     return x
 
 
+class CacheWarning(Callback):
+    """Gives the trainer a cache's one-line warning when its first epoch starts (``Trainer.warn`` keeps it once)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def on_epoch_start(self, trainer: Any, epoch: int) -> None:
+        trainer.warn(self.message)
+
+
 @dataclass
 class TeacherOutputs:
     """The frozen, tapped teacher's outputs for training batches: from ``cache`` rows (``batch.index``) when
@@ -145,6 +155,8 @@ class TeacherOutputs:
     forwards: int = 0
     path: Path | None = None
     dtype: torch.dtype = torch.float32
+    #: a one-line warning for the run (a stale cache file that was rebuilt); given by :meth:`callbacks`
+    warning: str = ""
 
     def __call__(self, batch: Batch) -> Taps:
         if not self.cache:
@@ -169,8 +181,9 @@ class TeacherOutputs:
         return samples_seen if self.cached else 0
 
     def callbacks(self) -> list[Callback]:
-        """Engine callbacks the cache needs (the view cache's epoch hooks); none for this one."""
-        return []
+        """Engine callbacks the cache needs (the view cache's epoch hooks); for this one, the one that gives the
+        trainer :attr:`warning` (printed once, kept in the summary) when there is one."""
+        return [CacheWarning(self.warning)] if self.warning else []
 
     def report(self) -> dict[str, Any]:
         """What the run summary records about the cache."""
@@ -337,18 +350,22 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
     if tokens:
         offsets = torch.cat([split.x.tgt_lengths().new_zeros(1), torch.cumsum(split.x.tgt_lengths(), 0)]).long()
         extra = {"offsets": offsets.to(device), "vocab_size": vocab_size, "topk": topk}
+    stale = ""
     if path.is_file():
         try:
             tensors, state = load_checkpoint(path)
             if state.get("key") == key and sorted(tensors) == sorted(names):  # content digest verified on load
-                return made(teacher, {n: t.to(device) for n, t in tensors.items()}, "loaded", path=path,
-                            dtype=tensors[names[0]].dtype, **extra)
+                rows = int(extra["offsets"][-1]) if tokens else len(split)
+                stale = stale_rows(path, tensors, rows, "target tokens" if tokens else "samples")
+                if not stale:
+                    return made(teacher, {n: t.to(device) for n, t in tensors.items()}, "loaded", path=path,
+                                dtype=tensors[names[0]].dtype, **extra)
         except CheckpointError:
             pass  # unreadable or tampered: recomputed and rewritten below
     cache = compute_token_outputs(teacher, split.x, batch_size, topk, store, precision) if tokens else \
         compute_outputs(teacher, split, names, batch_size, store, precision, layout)
     result = made(teacher, {n: t.to(device) for n, t in cache.items()}, "computed", path=path,
-                  forwards=len(split), dtype=cache[names[0]].dtype, **extra)
+                  forwards=len(split), dtype=cache[names[0]].dtype, warning=stale, **extra)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cpu = {n: t.cpu().contiguous() for n, t in cache.items()}
@@ -357,6 +374,17 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
         result.why = f"not written to disk ({e})"
         result.path = None
     return result
+
+
+def stale_rows(path: Path, tensors: Mapping[str, Tensor], rows: int, what: str) -> str:
+    """Why the cache file ``path`` does not fit a transfer set of ``rows`` rows ("" when it does): a table
+    with another number of rows (or none) would index out of range; the file is then rebuilt."""
+    found = sorted({int(t.shape[0]) if t.dim() >= 1 else 0 for t in tensors.values()})
+    if found == [rows] and all(t.dim() >= 2 for t in tensors.values()):
+        return ""
+    held = ", ".join(f"{n:,}" for n in found)
+    return (f"teacher cache {str(path)!r} holds {held} rows but the transfer set has {rows:,} {what}; "
+            "treated as stale and rebuilt")
 
 
 def _has_digest(path: Path) -> bool:

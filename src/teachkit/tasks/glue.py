@@ -6,9 +6,11 @@ reads the files under ``data.root`` in either layout, nothing is downloaded:
 
 - the official TSV files (https://gluebenchmark.com/tasks): ``<root>/<Dir>/train.tsv`` and ``dev.tsv``
   (MNLI: ``dev_matched.tsv``, ``dev_mismatched.tsv``), Dir one of CoLA, SST-2, MRPC, STS-B, QQP, MNLI,
-  QNLI, RTE, WNLI. They are read with quoting disabled (sentences hold stray ``"`` characters). QQP's
-  train file has a few malformed rows (too few fields): they are skipped, counted, and a warning says how
-  many; a short row in any other task's file is a DataError;
+  QNLI, RTE, WNLI. They are read as UTF-8 with quoting disabled (sentences hold stray ``"`` characters); a
+  byte that is not UTF-8, or a field over the csv module's field size limit, is a DataError naming the file
+  and line. QQP's train file has a few malformed rows (too few fields): they are skipped, counted, and a
+  warning (one line, kept in the run summary) says how many; a short row in any other task's file is a
+  DataError;
 - the Parquet files of the Hugging Face Hub dataset ``nyu-mll/glue``: ``<root>/<config>/train-*.parquet``,
   ``validation-*.parquet`` (MNLI: ``validation_matched-*``, ``validation_mismatched-*``), config one of
   cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli.
@@ -39,8 +41,8 @@ from __future__ import annotations
 
 import csv
 import math
-import warnings
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -48,19 +50,22 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.raw import DATASETS, REGRESSION_TASKS, RawDataset, require
 from teachkit.data.text import file_sha256, label_ids, text_option, tokenize_texts
 from teachkit.engine.evaluate import EVALUATORS, SplitScoreEvaluator
 from teachkit.errors import ConfigError, DataError
+from teachkit.models.text import check_fits
 from teachkit.registry import closest
 from teachkit.tasks.binary import binary_metrics
 from teachkit.types import Batch, Evaluator
 
 #: where GLUE is published (named by the missing-files error)
 PUBLISHED = "https://gluebenchmark.com/tasks or the Hugging Face Hub dataset nyu-mll/glue"
+#: a carriage return not followed by a line feed: where a text file opened with ``newline=""`` ends a line
+_LONE_CR = re.compile(r"(?<=\r)(?!\n)")
 #: bump when the reading of the files changes, so that older tokenisation cache entries are not reused
 READER_VERSION = 1
 
@@ -189,42 +194,81 @@ class GlueRows:
     skipped: int = 0
 
 
-def read_tsv(path: Path, spec: GlueTask) -> GlueRows:
-    """One official TSV file, read with quoting disabled (``csv.QUOTE_NONE``): a ``"`` is text."""
-    first_col, second_col, label_col = spec.tsv
-    rows = GlueRows([], None if second_col is None else [], [])
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if spec.header:
-            head = next(reader, None)
-            if head is None:
-                raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} is empty")
-            positions = []
-            for name in (first_col, second_col, label_col):
-                if name is None:
-                    positions.append(None)
-                elif name in head:
-                    positions.append(head.index(name))
-                else:
-                    raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} has no column {name!r} "
-                                    f"(header: {', '.join(head)}); is it the {spec.folder} file?")
+def utf8_lines(f: Iterable[bytes], path: Path, task: str) -> Iterator[str]:
+    """The lines of a binary file as text, ended by ``\n``, ``\r\n`` or a lone ``\r`` as in a text file opened
+    with ``newline=""`` (a leading UTF-8 byte-order mark dropped); a line that is not UTF-8 is a one-line
+    DataError naming the file, the line (counted in ``\n``) and the byte."""
+    for number, raw in enumerate(f, 1):
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"dataset 'glue' task {task!r}: {str(path)!r} line {number} is not UTF-8 text: byte "
+                            f"0x{raw[e.start]:02x} (byte {e.start + 1} of the line: {e.reason}); GLUE files are "
+                            "UTF-8: save it as UTF-8") from None
+        if "\r" in text.rstrip("\r\n"):  # lone carriage returns end lines too (old Mac files)
+            yield from (part for part in _LONE_CR.split(text) if part)
         else:
-            positions = [first_col, second_col, label_col]
-        need = max(p for p in positions if p is not None) + 1
-        for row in reader:
-            if not row:
+            yield text
+
+
+def read_tsv(path: Path, spec: GlueTask) -> GlueRows:
+    """One official TSV file, read as UTF-8 with quoting disabled (``csv.QUOTE_NONE``): a ``"`` is text, so a
+    row is one line. A byte that is not UTF-8, or a field longer than the csv module's field size limit
+    (``csv.field_size_limit()``, 131,072 characters; not raised: no GLUE sentence comes near it, so such a
+    field means the file is not a GLUE TSV), is a one-line DataError naming the file and the line."""
+    with open(path, "rb") as f:
+        reader = csv.reader(utf8_lines(f, path, spec.name), delimiter="\t", quoting=csv.QUOTE_NONE)
+        try:
+            return _read_rows(reader, path, spec)
+        except csv.Error as e:
+            reason = str(e)
+            if "field larger than field limit" in reason:
+                reason = (f"a field is longer than {csv.field_size_limit():,} characters (the csv field size "
+                          "limit); GLUE sentences are short: is it a GLUE TSV file?")
+            raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} line {reader.line_num} cannot be "
+                            f"read as tab-separated text: {reason}") from None
+
+
+def _positions(reader: Any, path: Path, spec: GlueTask) -> list[int | None]:
+    """The (first text, second text, label) column positions: from the header (read here) or CoLA's fixed ones."""
+    if not spec.header:
+        return list(spec.tsv)
+    head = next(reader, None)
+    if head is None:
+        raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} is empty")
+    positions: list[int | None] = []
+    for name in spec.tsv:
+        if name is None:
+            positions.append(None)
+        elif name in head:
+            positions.append(head.index(name))
+        else:
+            raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} has no column {name!r} "
+                            f"(header: {', '.join(head)}); is it the {spec.folder} file?")
+    return positions
+
+
+def _read_rows(reader: Any, path: Path, spec: GlueTask) -> GlueRows:
+    """The rows of an open TSV ``reader`` (header, column positions, short rows: see :func:`read_tsv`)."""
+    rows = GlueRows([], None if spec.tsv[1] is None else [], [])
+    positions = _positions(reader, path, spec)
+    need = max(p for p in positions if p is not None) + 1
+    for row in reader:
+        if not row:
+            continue
+        if len(row) < need:
+            if spec.name == "qqp":  # the real QQP train file has a few broken rows
+                rows.skipped += 1
                 continue
-            if len(row) < need:
-                if spec.name == "qqp":  # the real QQP train file has a few broken rows
-                    rows.skipped += 1
-                    continue
-                raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} line {reader.line_num} has "
-                                f"{len(row)} tab-separated fields, expected at least {need}")
-            a, b, y = (None if p is None else row[p] for p in positions)
-            rows.first.append(a)
-            if rows.second is not None:
-                rows.second.append(b)
-            rows.labels.append(y)
+            raise DataError(f"dataset 'glue' task {spec.name!r}: {str(path)!r} line {reader.line_num} has "
+                            f"{len(row)} tab-separated fields, expected at least {need}")
+        a, b, y = (None if p is None else row[p] for p in positions)
+        rows.first.append(a)
+        if rows.second is not None:
+            rows.second.append(b)
+        rows.labels.append(y)
     return rows
 
 
@@ -271,15 +315,16 @@ def targets(spec: GlueTask, values: list[Any], where: str) -> Tensor:
     return torch.from_numpy(out)
 
 
-def read_split(files: GlueFiles, paths: list[Path], spec: GlueTask) -> GlueRows:
-    """The rows of one split's files; warns (one line) when malformed rows were skipped."""
+def read_split(files: GlueFiles, paths: list[Path], spec: GlueTask, said: list[str] | None = None) -> GlueRows:
+    """The rows of one split's files; when malformed rows were skipped, one warning line is added to ``said``
+    (the dataset's warnings: a run prints it once and keeps it in its summary)."""
     rows = read_tsv(paths[0], spec) if files.layout == "tsv" else read_parquet(paths, spec)
     where = ", ".join(repr(str(p)) for p in paths)
     if not rows.first:
         raise DataError(f"dataset 'glue' task {spec.name!r}: {where} holds no examples")
-    if rows.skipped:
-        warnings.warn(f"dataset 'glue' task {spec.name!r}: skipped {rows.skipped} malformed rows (too few fields) "
-                      f"of {where}", stacklevel=3)
+    if rows.skipped and said is not None:
+        said.append(f"dataset 'glue' task {spec.name!r}: skipped {rows.skipped} malformed rows (too few fields) "
+                    f"of {where}")
     return rows
 
 
@@ -299,9 +344,10 @@ def glue(root: str | None = None, task: str = "sst2", tokenizer: str = "minilm-l
         raise ConfigError(f"dataset 'glue' needs its files: set data.root to the folder holding the GLUE task "
                           f"folders ({spec.folder}/ with train.tsv, or the Hub's {spec.name}/ Parquet files)")
     files = find_files(root, spec)
+    said: list[str] = []
 
     def load(paths: list[Path], split: str) -> tuple[Any, Tensor]:
-        rows = read_split(files, paths, spec)
+        rows = read_split(files, paths, spec, said)
         y = targets(spec, rows.labels, f"task {spec.name!r} file {', '.join(repr(str(p)) for p in paths)}")
         x = tokenize_texts(rows.first, rows.second, tokenizer=tokenizer, max_length=max_length,
                            key_parts={"source": "glue", "task": spec.name, "split": split, "layout": files.layout,
@@ -313,7 +359,7 @@ def glue(root: str | None = None, task: str = "sst2", tokenizer: str = "minilm-l
     test_x, test_y = load(files.dev[0], "test")
     extra = {"test_mm": load(files.dev[1], "test_mm")} if spec.name == "mnli" else {}
     return RawDataset(train_x, train_y, test_x, test_y, num_classes=len(spec.labels) or 1, default_augment="none",
-                      task=f"glue-{spec.name}", name="glue", extra_test=extra)
+                      task=f"glue-{spec.name}", name="glue", extra_test=extra, warnings=said)
 
 
 # -- metrics --------------------------------------------------------------------------------------------------
@@ -378,11 +424,21 @@ def glue_metrics(task: str, outputs: Tensor, y: Tensor) -> dict[str, float]:
 class GlueEvaluator(SplitScoreEvaluator):
     """GLUE's metrics of one task (module docstring) on each named split."""
 
-    def __init__(self, task: str, splits: Mapping[str, TensorSplit], batch_size: int = 1000) -> None:
+    def __init__(self, task: str, splits: Mapping[str, TensorSplit], batch_size: int = 1000, dataset: str = "glue",
+                 train_x: Any = None) -> None:
         super().__init__(dict(splits), batch_size)
         self.task = glue_task(task).name
         self.metrics = TASKS[self.task].metrics
         self.primary = TASKS[self.task].primary
+        self.dataset = dataset
+        #: the training inputs, checked with the evaluated ones by :meth:`check_model`
+        self.train_x = train_x
+
+    def check_model(self, model: nn.Module) -> None:
+        """A text model must take the data's ``max_length`` and have an embedding row for each of its token ids
+        (:func:`teachkit.models.text.check_fits`): a one-line ConfigError before the run, not an IndexError."""
+        xs = [s.x for s in self.splits.values()] + ([] if self.train_x is None else [self.train_x])
+        check_fits(model, xs, getattr(model, "label", "the model"), self.dataset)
 
     def direction(self, metric: str) -> Literal["max", "min"]:
         return "min" if metric == "loss" or metric.endswith("_loss") else "max"
@@ -413,7 +469,7 @@ def _evaluator_factory(task: str) -> Any:
         if splits.num_classes != width:
             raise ConfigError(f"dataset {splits.name!r} has task 'glue-{task}' but {splits.num_classes} outputs; "
                               f"GLUE {task} has {width}")
-        return GlueEvaluator(task, splits.eval_splits(), batch_size)
+        return GlueEvaluator(task, splits.eval_splits(), batch_size, splits.name, splits.train.x)
 
     return make
 

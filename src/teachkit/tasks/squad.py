@@ -6,7 +6,10 @@ https://rajpurkar.github.io/SQuAD-explorer/. Each question is tokenised with its
 ``run_qa.py`` example does: question (left-stripped, cut to ``max_query_length`` tokens) first, context second,
 truncated ``only_second`` into windows of ``max_length`` tokens overlapping by ``doc_stride`` tokens. A
 window's target is the (start, end) token of the first gold answer when that answer lies entirely inside the
-window's context, else (0, 0), the CLS token (also for every window of an unanswerable v2.0 question).
+window's context, else (0, 0), the CLS token (also for every window of an unanswerable v2.0 question). An
+answer whose text is not the context's at its ``answer_start``, or that no window holds whole, still trains
+that way (another span, or CLS everywhere), as ``run_qa.py`` does, but is counted per file (the run's
+``data_notes``) and named in one warning line that the run prints and keeps in its summary.
 
 Options: ``version`` ("1.1" or "2.0"), ``tokenizer`` (a bundled name such as ``minilm-l6``, a folder, or a
 Hub name already cached), ``max_length`` (384), ``doc_stride`` (128), ``max_query_length`` (64), ``cache_dir``
@@ -49,6 +52,7 @@ from torch import Tensor, nn
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.data.raw import DATASETS, RawDataset
 from teachkit.data.text import (
+    TextInfo,
     TokenFeatures,
     cache_key,
     cached_table,
@@ -57,9 +61,11 @@ from teachkit.data.text import (
     load_tokenizer,
     text_option,
     tokenizer_digest,
+    tokenizer_entry,
 )
 from teachkit.engine.evaluate import EVALUATORS
 from teachkit.errors import ConfigError, DataError
+from teachkit.models.text import check_fits
 from teachkit.types import Batch, Evaluator
 
 URL = "https://rajpurkar.github.io/SQuAD-explorer/"
@@ -259,7 +265,7 @@ def _column(ds: Any, name: str, dtype: Any = np.int32) -> Tensor:
     return column(ds, name, dtype)
 
 
-def _features(ds: Any, examples: SquadExamples, where: str) -> tuple[TokenFeatures, Tensor]:
+def _features(ds: Any, examples: SquadExamples, where: str, info: TextInfo) -> tuple[TokenFeatures, Tensor]:
     names = ds.column_names
     inputs = {k: _column(ds, k) for k in ("input_ids", "attention_mask", "token_type_ids") if k in names}
     example_id = _column(ds, "example_id", np.int64)
@@ -269,7 +275,45 @@ def _features(ds: Any, examples: SquadExamples, where: str) -> tuple[TokenFeatur
                         f"questions; delete the cache folder and run again")
     offsets = torch.stack([_column(ds, "offset_start"), _column(ds, "offset_end")], dim=-1)
     y = torch.stack([_column(ds, "start_position", np.int64), _column(ds, "end_position", np.int64)], dim=1)
-    return TokenFeatures(inputs, {"example_id": example_id, "offset_mapping": offsets}, examples), y
+    return TokenFeatures(inputs, {"example_id": example_id, "offset_mapping": offsets}, examples, info), y
+
+
+def answer_problems(examples: Sequence[SquadExample], example_id: Tensor, start: Tensor) -> dict[str, int]:
+    """How many answerable questions do not train on their (first) answer: ``not_at_answer_start``, whose text
+    is not the context's at ``answer_start`` (a wrong span or, beyond the context, "no answer" is trained), and
+    ``in_no_window``, whose answer no window holds whole (every window trains "no answer", CLS)."""
+    found = torch.zeros(len(examples), dtype=torch.bool)
+    found[example_id[start != CLS_INDEX]] = True
+    counts = {"answers": 0, "not_at_answer_start": 0, "in_no_window": 0}
+    for i, ex in enumerate(examples):
+        if not ex.answers:
+            continue
+        counts["answers"] += 1
+        first, text = ex.answer_starts[0], ex.answers[0]
+        if first < 0 or ex.context[first:first + len(text)] != text:
+            counts["not_at_answer_start"] += 1
+        elif not found[i]:
+            counts["in_no_window"] += 1
+    return counts
+
+
+def note_answers(info: TextInfo, problems: Mapping[str, Mapping[str, int]], max_length: int) -> list[str]:
+    """Record per file the answers counted by :func:`answer_problems` (when there are any) in ``info``'s notes;
+    returns one warning line for all files (none when every answer trains as given)."""
+    bad = {f: dict(c) for f, c in problems.items() if c["not_at_answer_start"] or c["in_no_window"]}
+    if not bad:
+        return []
+    info.notes["squad_answers_not_trained"] = bad
+    parts = []
+    for name, c in bad.items():
+        why = [f"{c['not_at_answer_start']:,} not the context's text at their answer_start (trained as another span "
+               "or \"no answer\")"] if c["not_at_answer_start"] else []
+        if c["in_no_window"]:
+            why.append(f"{c['in_no_window']:,} in no window of max_length={max_length} tokens (trained as \"no "
+                       "answer\")")
+        parts.append(f"{name} {c['not_at_answer_start'] + c['in_no_window']:,} of {c['answers']:,}: {', '.join(why)}")
+    return [f"dataset 'squad': answers not trained as given: {'; '.join(parts)}; check the files' answer_start "
+            "or raise max_length"]
 
 
 @DATASETS.register("squad", "SQuAD v1.1 / v2.0 extractive question answering (official JSON files in data.root), "
@@ -300,7 +344,8 @@ def squad(root: str | None, version: str = "1.1", tokenizer: str = "minilm-l6", 
         raise DataError(f"dataset 'squad' (version {version}) needs {' and '.join(missing)} in {str(folder)!r}; "
                         f"download them from {URL} (data.root is that folder)")
     digest = tokenizer_digest(tokenizer)
-    parts = []
+    info = TextInfo(max_length=max_length, tokenizers={"": tokenizer_entry(tokenizer)})
+    parts, problems = [], {}
     for path in paths:
         examples = dataclasses.replace(load_examples(path, version, limit), postprocess=post)
         if not examples:
@@ -312,9 +357,12 @@ def squad(root: str | None, version: str = "1.1", tokenizer: str = "minilm-l6", 
             cols = tokenize_squad(load_tokenizer(tokenizer), examples, max_length, doc_stride, max_query_length)
             return {k: list(v) if v.ndim > 1 else v for k, v in cols.items()}
 
-        parts.append(_features(cached_table(key, cache_dir, build), examples, path.name))
+        x, y = _features(cached_table(key, cache_dir, build), examples, path.name, info)
+        problems[path.name] = answer_problems(examples, x.side["example_id"], y[:, 0])
+        parts.append((x, y))
     (train_x, train_y), (test_x, test_y) = parts
-    return RawDataset(train_x, train_y, test_x, test_y, num_classes=2, task="squad", name="squad")
+    return RawDataset(train_x, train_y, test_x, test_y, num_classes=2, task="squad", name="squad",
+                      warnings=note_answers(info, problems, max_length))
 
 
 # -- scoring (the official evaluation scripts) --------------------------------------------------------------
@@ -455,13 +503,23 @@ class SquadEvaluator(Evaluator):
     primary = "f1"
 
     def __init__(self, splits: Mapping[str, TensorSplit], version_2: bool = False, batch_size: int = 1000,
-                 n_best: int = 20, max_answer_length: int = 30, null_threshold: float = 0.0) -> None:
+                 n_best: int = 20, max_answer_length: int = 30, null_threshold: float = 0.0,
+                 dataset: str = "squad", train_x: Any = None) -> None:
         self.splits = dict(splits)
         self.version_2 = version_2
         self.batch_size = batch_size
         self.n_best = n_best
         self.max_answer_length = max_answer_length
         self.null_threshold = null_threshold
+        self.dataset = dataset
+        #: the training inputs, checked with the evaluated ones by :meth:`check_model`
+        self.train_x = train_x
+
+    def check_model(self, model: nn.Module) -> None:
+        """A text model must take the data's ``max_length`` and have an embedding row for each of its token ids
+        (:func:`teachkit.models.text.check_fits`): a one-line ConfigError before the run, not an IndexError."""
+        xs = [s.x for s in self.splits.values()] + ([] if self.train_x is None else [self.train_x])
+        check_fits(model, xs, getattr(model, "label", "the model"), self.dataset)
 
     def metric_names(self) -> tuple[str, ...]:
         return METRICS_V2 if self.version_2 else METRICS_V1
@@ -497,4 +555,4 @@ def squad_evaluator(splits: Splits, batch_size: int) -> Evaluator:
         raise ConfigError(f"dataset {splits.name!r} has task 'squad' but its inputs carry no SQuAD questions; "
                           "use the 'squad' dataset")
     return SquadEvaluator(splits.eval_splits(), examples.version == "2.0", batch_size,
-                          **getattr(examples, "postprocess", {}))
+                          **getattr(examples, "postprocess", {}), dataset=splits.name, train_x=splits.train.x)

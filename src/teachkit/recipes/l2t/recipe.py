@@ -66,7 +66,14 @@ from teachkit.data import Splits
 from teachkit.data.loader import make_batches
 from teachkit.data.raw import SEQUENCE_TASKS
 from teachkit.engine import EpochHooks, FitResult, Trainer
-from teachkit.engine.checkpoint import atomic_write, load_checkpoint, optimizer_from_flat, optimizer_to_flat, strip
+from teachkit.engine.checkpoint import (
+    atomic_write,
+    load_checkpoint,
+    optimizer_from_flat,
+    optimizer_to_flat,
+    strip,
+    write_error,
+)
 from teachkit.engine.schedule import lr_factor
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.options import Options, option
@@ -226,8 +233,11 @@ def phi_line(stats: dict[str, float]) -> str:
 
 def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record as one line in one write (a kill can only leave the last line torn)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 def _jsonl_records(path: Path) -> list[dict[str, Any]]:
