@@ -104,6 +104,9 @@ def refuse_standard_library(path: str, obj: Any) -> None:
     if where is not None:
         raise ConfigError(f"model.name {path!r} resolves to {where!r}, part of the Python standard library: a model "
                           f"factory must be your own callable returning an nn.Module (e.g. mylab.nets:Net)")
+    if _top_module(module) == "teachkit" and not module.startswith("teachkit.models"):
+        raise ConfigError(f"model.name {path!r} is part of teachkit, not a model factory: name a zoo model "
+                          f"(teachkit list models) or your own callable returning an nn.Module")
     if (defined, getattr(obj, "__qualname__", None)) in LOADERS_THAT_RUN_CODE:
         raise ConfigError(f"model.name {path!r} is a loader of pickled or scripted objects, which can run any code: "
                           f"a model factory must build the model (load weights with teacher.checkpoint or your own "

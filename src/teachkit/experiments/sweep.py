@@ -19,13 +19,18 @@ into jobs:
 - **folders**: a finished run is skipped, an interrupted one resumed (the run folder's exact resume); a folder
   made by another sweep, or by hand, or whose saved config differs from what the sweep generates (the
   differing key is named) is refused before anything runs.
+- **cycles**: runs that wait for each other (each one's ``teacher.checkpoint`` inside the next one's folder) are
+  refused with one line naming them (:func:`check_cycles`), as is a sweep file that defines no runs.
 
 Running (:func:`run_sweep`): each job is a process (``python -m teachkit.experiments.sweep_job``) holding a
 lock on its run folder, on local workers (``--workers N``, each with ``cores / N`` threads so workers do not
 stall each other's OpenMP) or as Ray tasks (``--backend ray``). A job that fails (any exit, a kill) is marked
-failed with its log's last lines, its dependents are blocked, the rest go on; the sweep exits 1 at the end and
-rerunning retries what failed. Progress: one live line on a terminal (one line per event in a log file) and
-``out_dir/<sweep>/sweep_status.json``, rewritten atomically at every event. At the end the report
+failed with its log's last lines (or ``killed by signal 9 (SIGKILL)``), its dependents are blocked, the rest go on;
+the sweep exits 1 at the end, printing the failed runs even with ``--quiet``, and rerunning retries what failed.
+Jobs never outlive the driver: they watch its heartbeat file (:class:`~teachkit.experiments.sweep_job.Heartbeat`)
+and its pid, and stop within a second or so of its death, a ``kill -9`` included. Progress: one live line on a
+terminal (one line per event in a log file) and ``out_dir/<sweep>/sweep_status.json``, rewritten atomically at
+every event. At the end the report
 (:mod:`teachkit.experiments.report`) is written into ``out_dir/<sweep>/report``.
 """
 

@@ -196,11 +196,14 @@ class DriverWatch:
         self.stale_s, self.clock = stale_s, clock
         self.last = self._read()
         self.changed = clock()
+        self.driver: dict[str, Any] | None = None
         try:
-            self.driver: dict[str, Any] | None = json.loads(self.last) if self.last else None
+            named = json.loads(self.last) if self.last else None
         except ValueError:
-            self.driver = None
-        self.local = bool(self.driver) and self.driver.get("node") == node_id()
+            named = None
+        if isinstance(named, dict) and isinstance(named.get("pid"), int) and named["pid"] > 0:
+            self.driver = named
+        self.local = self.driver is not None and self.driver.get("node") == node_id()
 
     def _read(self) -> bytes | None:
         try:
@@ -213,7 +216,7 @@ class DriverWatch:
             return f"its parent process (pid {self.ppid}) exited"
         if not self.driver:
             return None
-        pid = int(self.driver.get("pid", 0))
+        pid = self.driver["pid"]
         if self.local:
             return None if process_alive(pid, self.driver.get("start")) else f"the sweep's driver (pid {pid}) died"
         now, text = self.clock(), self._read()

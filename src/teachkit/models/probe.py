@@ -9,7 +9,7 @@ not checkable this way, and the probe says nothing about them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -60,22 +60,33 @@ def probe_forward(model: nn.Module, inputs: Any, label: str) -> Any | None:
         model.train(was_training)
 
 
-def check_output_width(output: Any, rows: int, num_classes: int, label: str, dataset: str) -> None:
-    """A :class:`ConfigError` when ``output`` (logits, or a mapping with ``logits``) is ``(rows, k)`` with
-    ``k != num_classes``: the model would train on the wrong number of classes and report nonsense."""
-    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", output)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[0] != rows:
+def check_output(output: Any, rows: int, num_classes: int, label: str, dataset: str) -> None:
+    """A :class:`ConfigError` unless ``output`` is one tensor ``(rows, num_classes)`` (``(rows,)`` for one
+    regression target): training on labels and evaluation read the output as the logits; a model with 13 outputs
+    for 10 classes would train on the wrong classes and report nonsense."""
+    expected = f"({rows}, {num_classes})"
+    if not isinstance(output, torch.Tensor):
+        raise ConfigError(f"model {label!r} returns a {type(output).__name__}, but dataset {dataset!r} needs its "
+                          f"outputs as one tensor of shape {expected} (samples, classes): return the logits")
+    shape = tuple(output.shape)
+    if shape == (rows, num_classes) or (num_classes == 1 and shape == (rows,)):
         return
-    width = int(logits.shape[1])
-    if width != num_classes:
-        raise ConfigError(f"model {label!r} outputs {width} values per sample but dataset {dataset!r} has "
+    if len(shape) == 2 and shape[0] == rows:
+        raise ConfigError(f"model {label!r} outputs {shape[1]} values per sample but dataset {dataset!r} has "
                           f"{num_classes} {'targets' if num_classes == 1 else 'classes'}: its last layer must have "
                           f"num_classes outputs (a factory receives num_classes when its signature names it)")
+    raise ConfigError(f"model {label!r} outputs shape {shape} for a batch of {rows} samples, but dataset {dataset!r} "
+                      f"needs {expected} (samples, classes): flatten or pool before the last layer")
 
 
 def check_model_on_data(model: nn.Module, inputs: Any, rows: int, num_classes: int, task: str, label: str,
-                        dataset: str) -> None:
-    """:func:`probe_forward` on ``inputs`` (``rows`` rows), then the output width for row-output tasks."""
+                        dataset: str, rebuild: Callable[[], nn.Module] | None = None) -> None:
+    """:func:`probe_forward` on ``inputs`` (``rows`` rows), then the output for row-output tasks. When the meta
+    device cannot run ``model``, ``rebuild()`` gives a real one (built with the CPU random state restored
+    afterwards, so the run's initialisation is unchanged) and the probe runs on it."""
     output = probe_forward(model, inputs, label)
+    if output is None and rebuild is not None:
+        with torch.random.fork_rng(devices=[]):
+            output = probe_forward(rebuild(), inputs, label)
     if output is not None and task in ROW_OUTPUT_TASKS:
-        check_output_width(output, rows, num_classes, label, dataset)
+        check_output(output, rows, num_classes, label, dataset)

@@ -251,10 +251,15 @@ def build_model(name: str, input_shape: Sequence[int], num_classes: int, **optio
 
 
 def check_has_parameters(model: nn.Module, label: str) -> None:
-    """A ConfigError when ``model`` has no parameters: there is nothing to train or distil into."""
-    if next(iter(model.parameters()), None) is None:
+    """A ConfigError when ``model`` has no parameters, or none that trains (all ``requires_grad=False``): there
+    is nothing to train or distil into."""
+    params = list(model.parameters())
+    if not params:
         raise ConfigError(f"model {label!r} ({type(model).__name__}) has no parameters: nothing to train; a model "
                           "needs at least one nn.Parameter (e.g. an nn.Linear)")
+    if not any(p.requires_grad for p in params):
+        raise ConfigError(f"model {label!r} ({type(model).__name__}) has no trainable parameters (every one has "
+                          "requires_grad=False): nothing to train; unfreeze at least its last layer")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -266,10 +266,11 @@ class RunContext:
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
             model = make_model(cfg.model, splits.input_shape, splits.num_classes)
             evaluator.check_model(model)
-            if is_user_model(cfg.model.name):  # a forward of two rows: shapes and output width, before any write
-                rows = torch.arange(min(2, len(splits.train)))
-                check_model_on_data(model, splits.train.x[rows], len(rows), splits.num_classes, splits.task,
-                                    cfg.model.name, splits.name)
+        if is_user_model(cfg.model.name):  # a forward of two rows: shapes and output width, before any write
+            rows = torch.arange(min(2, len(splits.train)))
+            check_model_on_data(model, splits.train.x[rows], len(rows), splits.num_classes, splits.task,
+                                cfg.model.name, splits.name,
+                                rebuild=lambda: make_model(cfg.model, splits.input_shape, splits.num_classes))
         text = dump_yaml(cfg)
         distributed.barrier()  # under torchrun: every process has checked the folder before rank 0 writes it
         if distributed.is_main():
