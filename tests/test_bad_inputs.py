@@ -240,6 +240,8 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "sweep key 'data.rot' does not exist"),
     ("report-missing-folder", ["report", "{tmp}/none"], {}, {}, "none"),
     ("report-no-runs", ["report", "{tmp}/empty"], {"empty": DIR}, {}, "no run folders"),
+    ("report-empty-run-config", ["report", "{tmp}/runs"], {"runs/a/config.yaml": "", "runs/a/summary.json": "{}"},
+     {}, "has an empty config.yaml, so its settings are unknown"),
 ]
 
 
@@ -262,7 +264,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 102 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 103 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -189,3 +190,18 @@ def int_option(dataset: str, key: str, value: Any, minimum: int) -> int:
         raise ConfigError(f"dataset {dataset!r} option {key!r} must be an integer >= {minimum}, "
                           f"got {value!r}")
     return value
+
+
+def new_temp_folder(root: Path, prefix: str) -> Path:
+    """A new empty folder ``root/PREFIX<random>`` made by ``mkdir``, so it gets the mode the user's umask gives
+    (``tempfile.mkdtemp`` makes 0700 folders that others on a shared filesystem cannot read once renamed)."""
+    import secrets
+
+    for _ in range(100):
+        path = Path(root) / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary folder name under {str(root)!r}")

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from teachkit.data.raw import new_temp_folder
 from teachkit.errors import ConfigError, DataError
 
 #: the key prefix of a teacher's own tokenisation (teacher and student with different tokenizers)
@@ -336,7 +336,7 @@ def cached_table(key: str, cache_dir: str | None, build: Callable[[], dict[str, 
     ds = datasets.Dataset.from_dict(columns, info=datasets.DatasetInfo(description=key))
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
+        tmp = new_temp_folder(root, f".{key[:12]}-")
         ds.save_to_disk(str(tmp))
         try:
             os.replace(tmp, folder)

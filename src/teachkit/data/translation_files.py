@@ -44,7 +44,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +65,7 @@ from teachkit.data.parallel import (
     Vocab,
     merge_units,
 )
-from teachkit.data.raw import DATASETS, RawDataset, int_option
+from teachkit.data.raw import DATASETS, RawDataset, int_option, new_temp_folder
 from teachkit.data.text import cache_root, file_sha256
 from teachkit.errors import ConfigError, DataError, WriteError
 
@@ -377,7 +376,7 @@ def _write_cache(root: Path, folder: Path, key: str, enc: Encoded) -> None:
 
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
+        tmp = new_temp_folder(root, f".{key[:12]}-")
         try:
             arrays = {f"{name}.row_ids": np.ascontiguousarray(enc.row_ids[name], dtype=np.int64) for name in SPLITS}
             for name in SPLITS:

@@ -120,8 +120,12 @@ class RunRecord:
 
 
 def load_run(folder: Path) -> RunRecord:
-    """The run in ``folder`` (``config.yaml`` required; ``summary.json`` and ``sweep.json`` when present)."""
+    """The run in ``folder`` (``config.yaml`` required; ``summary.json`` and ``sweep.json`` when present). An
+    empty ``config.yaml`` is refused: read as the defaults, it would put the run in the wrong row."""
     config = read_yaml(folder / "config.yaml")
+    if not config:
+        raise ConfigError(f"run folder {str(folder)!r} has an empty config.yaml, so its settings are unknown; "
+                          "restore it (the config the run was made with) or move the folder out of the report")
     summary_file = folder / "summary.json"
     summary = _read_object(summary_file) if summary_file.exists() else {}
     sweep_file = folder / "sweep.json"
