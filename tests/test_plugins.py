@@ -72,17 +72,22 @@ def test_train_with_plugin_then_eval_and_resume_find_it_in_the_run_folder(tmp_pa
     run = tmp_path / "runs" / "p"
     assert yaml.safe_load((run / "config.yaml").read_text())["plugins"] == [module]
     summary = json.loads((run / "summary.json").read_text())
-    # eval names no plugin: the run's config.yaml does
+    # eval names no plugin: the run's config.yaml does, and is imported only with --trust-code (code read from disk)
     for target in (run, run / "checkpoints" / "last.safetensors"):
         proc = run_cli("eval", str(target), pythonpath=tmp_path)
+        assert proc.returncode == 2 and f"names plugin '{module}'" in proc.stderr and "--trust-code" in proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        proc = run_cli("eval", str(target), "--trust-code", pythonpath=tmp_path)
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         assert out["checkpoint"] == str(run / "checkpoints" / "last.safetensors") and out["epoch"] == 2
         assert out["acc"] == pytest.approx(summary["test_acc"], abs=0.006) and out["acc"] == round(out["acc"], 2)
         assert "evaluating the model: " in proc.stderr and "(epoch 2)" in proc.stderr
         assert "teacher" not in proc.stderr + proc.stdout
-    # --resume without --plugin: the recorded plugins are imported again, and the config matches
+    # --resume without --plugin: the recorded plugins are imported again when trusted, and the config matches
     proc = run_cli("train", str(cfg), "--resume", "--quiet", pythonpath=tmp_path)
+    assert proc.returncode == 2 and f"names plugin '{module}'" in proc.stderr, proc.stderr
+    proc = run_cli("train", str(cfg), "--resume", "--quiet", "--trust-code", pythonpath=tmp_path)
     assert proc.returncode == 0, proc.stderr
     # without the recorded config the model name is unknown: one line naming it
     (run / "config.yaml").unlink()
