@@ -12,7 +12,8 @@ refuses repeated keys and anchors/aliases that expand beyond :data:`ALIAS_BUDGET
 
 ``plugins:`` lists modules (outside teachkit) imported before anything else is validated, so the models,
 datasets, losses and recipes they register can be named in the same config; the list is kept in the run's
-``config.yaml``, so ``teachkit eval`` and ``--resume`` import them again.
+``config.yaml``, so ``teachkit eval`` and ``--resume`` import them again when the user names them again or
+trusts code read from disk (``--trust-code``, :mod:`teachkit.trust`).
 """
 
 from __future__ import annotations

@@ -15,28 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from teachkit import cli
 from teachkit.errors import ConfigError
 from teachkit.experiments.sweep import Progress, execute, failure_reason, log_tail, plan_sweep, print_outcome
 from teachkit.experiments.sweep_backends import LocalBackend, _host_port, check_ray_address, connect_ray, log_header
 from teachkit.experiments.sweep_job import DriverWatch, Heartbeat, descendants, process_alive
-from tests.conftest import tiny_config
+from tests.experiments.test_sweep import base, write_sweep
 
 ROOT = Path(__file__).parents[2]
-
-
-def base(tmp_path, **sections) -> dict:
-    cfg = tiny_config(tmp_path, **sections)
-    cfg.pop("name"), cfg.pop("out_dir")
-    return cfg
-
-
-def write_sweep(tmp_path, sweep: dict, name: str = "s.yaml") -> Path:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump({"out_dir": str(tmp_path / "runs"), **sweep}, sort_keys=False))
-    return path
 
 
 def one_error_line(capsys, argv: list[str]) -> str:

@@ -450,6 +450,13 @@ def copy_teacher_layers(student: nn.Module, teacher: nn.Module, every: int) -> l
     return copied
 
 
+def check_fits_splits(model: nn.Module, splits: Iterable[Any], train_x: Any, dataset: str) -> None:
+    """:func:`check_fits` on the evaluated ``splits``' inputs and the training inputs ``train_x`` (when given),
+    naming the model by its ``label``: what a text task's evaluator checks before a run."""
+    xs = [s.x for s in splits] + ([] if train_x is None else [train_x])
+    check_fits(model, xs, getattr(model, "label", "the model"), dataset)
+
+
 def check_fits(model: nn.Module, features: Iterable[Any], who: str, dataset: str, side: str | None = None) -> None:
     """A one-line ConfigError when tokenised ``features`` (the splits' ``x``) cannot go through text ``model``:
     their ``max_length`` is more than its position embeddings take, or their largest token id (in the

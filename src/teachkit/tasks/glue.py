@@ -57,7 +57,7 @@ from teachkit.data.raw import DATASETS, REGRESSION_TASKS, RawDataset, require
 from teachkit.data.text import file_sha256, label_ids, text_option, tokenize_texts
 from teachkit.engine.evaluate import EVALUATORS, SplitScoreEvaluator
 from teachkit.errors import ConfigError, DataError
-from teachkit.models.text import check_fits
+from teachkit.models.text import check_fits_splits
 from teachkit.registry import closest
 from teachkit.tasks.binary import binary_metrics
 from teachkit.types import Batch, Evaluator
@@ -437,8 +437,7 @@ class GlueEvaluator(SplitScoreEvaluator):
     def check_model(self, model: nn.Module) -> None:
         """A text model must take the data's ``max_length`` and have an embedding row for each of its token ids
         (:func:`teachkit.models.text.check_fits`): a one-line ConfigError before the run, not an IndexError."""
-        xs = [s.x for s in self.splits.values()] + ([] if self.train_x is None else [self.train_x])
-        check_fits(model, xs, getattr(model, "label", "the model"), self.dataset)
+        check_fits_splits(model, self.splits.values(), self.train_x, self.dataset)
 
     def direction(self, metric: str) -> Literal["max", "min"]:
         return "min" if metric == "loss" or metric.endswith("_loss") else "max"

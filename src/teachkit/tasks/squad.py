@@ -65,7 +65,7 @@ from teachkit.data.text import (
 )
 from teachkit.engine.evaluate import EVALUATORS
 from teachkit.errors import ConfigError, DataError
-from teachkit.models.text import check_fits
+from teachkit.models.text import check_fits_splits
 from teachkit.types import Batch, Evaluator
 
 URL = "https://rajpurkar.github.io/SQuAD-explorer/"
@@ -518,8 +518,7 @@ class SquadEvaluator(Evaluator):
     def check_model(self, model: nn.Module) -> None:
         """A text model must take the data's ``max_length`` and have an embedding row for each of its token ids
         (:func:`teachkit.models.text.check_fits`): a one-line ConfigError before the run, not an IndexError."""
-        xs = [s.x for s in self.splits.values()] + ([] if self.train_x is None else [self.train_x])
-        check_fits(model, xs, getattr(model, "label", "the model"), self.dataset)
+        check_fits_splits(model, self.splits.values(), self.train_x, self.dataset)
 
     def metric_names(self) -> tuple[str, ...]:
         return METRICS_V2 if self.version_2 else METRICS_V1
