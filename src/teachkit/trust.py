@@ -91,8 +91,7 @@ def _top_module(name: Any) -> str:
 def is_standard_library(module: str) -> bool:
     """Whether ``module`` (dotted) belongs to the Python standard library or builtins."""
     top = _top_module(module)
-    names = getattr(sys, "stdlib_module_names", None) or _FALLBACK_STDLIB
-    return top in names or top in ("builtins", "__main__", "__builtins__")
+    return top in sys.stdlib_module_names or top in ("builtins", "__main__", "__builtins__")
 
 
 def refuse_standard_library(path: str, obj: Any) -> None:
@@ -119,12 +118,4 @@ LOADERS_THAT_RUN_CODE = frozenset({
     ("torch.hub", "load_state_dict_from_url"), ("numpy", "load"), ("pandas", "read_pickle"),
     ("joblib.numpy_pickle", "load"), ("dill", "load"), ("dill", "loads"), ("cloudpickle", "load"),
     ("cloudpickle", "loads"),
-})
-
-
-#: Python 3.10+ has ``sys.stdlib_module_names``; this covers the modules that run code, for anything older.
-_FALLBACK_STDLIB = frozenset({
-    "os", "sys", "subprocess", "shutil", "builtins", "importlib", "runpy", "code", "codeop", "pty", "socket",
-    "pickle", "marshal", "ctypes", "multiprocessing", "threading", "signal", "webbrowser", "http", "urllib",
-    "eval", "exec", "functools", "operator", "posix", "nt", "io", "pathlib", "tempfile", "shlex", "platform",
 })
