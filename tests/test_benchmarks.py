@@ -71,10 +71,106 @@ def test_prokd_study_quick(tmp_path):
     assert list((tmp_path / "p").glob("*/curves.png"))
 
 
+def test_prokd_mnist_full_quick(tmp_path):
+    """The full-MNIST Pro-KD study's smoke run (mnist5k, 2 seeds): plan, tables, verdict, JSON and plot; nothing
+    is written into benchmarks/results."""
+    kept = BENCH / "results" / "prokd_mnist_full.json"
+    before = kept.stat().st_mtime_ns if kept.exists() else None
+    out = run("prokd_mnist_full.py", "--quick", "--out", "p", cwd=tmp_path)
+    assert out.startswith("plan: Pro-KD on mnist5k") and "epoch budget: Pro-KD phase I" in out
+    assert "expected wall time:" in out and "command: OMP_NUM_THREADS=1 python benchmarks/prokd_mnist_full.py" in out
+    assert "[26/26] seed 1 MLP-30 Pro-KD online: test " in out
+    header = ("| method | val % (last) | test % (last) | test % at best val | test diff vs KD [95% CI] "
+              "| diff vs no KD [95% CI] | teacher epochs trained | teacher forward images | wall s |")
+    assert out.count(header) == 2 and "### student MLP-100" in out and "### student MLP-30" in out
+    for method in ("no KD", "KD", "Annealing-KD", "RCO", "Pro-KD replay", "Pro-KD online"):
+        assert out.count(f"| {method} |") == 2
+    verdicts = [line for line in out.splitlines() if line.startswith("Verdict MLP-")]
+    assert len(verdicts) == 2
+    for claim in ("Pro-KD > KD", "Pro-KD > no KD", "KD > no KD", "Pro-KD > Annealing-KD"):
+        assert all(any(f"{claim}: {word} (" in line for word in ("reproduced", "reversed", "not resolved"))
+                   for line in verdicts), claim
+    (folder,) = (tmp_path / "p").glob("mnist5k-*")
+    assert (folder / "curves.png").is_file() and (folder / "results.md").read_text().startswith("## Pro-KD")
+    results = json.loads((folder / "results.json").read_text())
+    assert results["quick"] and results["seeds"] == 2 and results["setting"]["budget"] == 3
+    assert "train.epochs = 2 + 1 = 3" in results["budget_rule"] and "paired within a seed" in results["interval_covers"]
+    assert len(results["teacher"]["test_acc"]) == 2 and results["predicted_wall_time_s"] > 0
+    for h in ("100", "30"):
+        c = results["capacities"][h]
+        assert set(c["verdict"]) == {"Pro-KD > KD", "Pro-KD > no KD", "KD > no KD", "Pro-KD > Annealing-KD"}
+        assert all(v["outcome"] in ("reproduced", "reversed", "not resolved") for v in c["verdict"].values())
+        kd, online = c["students"]["KD"], c["students"]["Pro-KD online"]
+        assert kd["diff_vs_kd"] is None and len(kd["diff_vs_no_kd"]) == 3 and len(kd["test_acc"]) == 2
+        assert all(len(curve) == 3 for curve in online["curve"])
+        assert online["cost"]["teacher_epochs_trained"] == 2 and c["students"]["Pro-KD replay"]["cost"][
+            "teacher_epochs_trained"] == 0
+    assert (kept.stat().st_mtime_ns if kept.exists() else None) == before
+
+
 def test_mse_teacher_study_quick(tmp_path):
     out = run("mse_teacher_study.py", "--quick", "--data", "digits", "--methods", "kd,sp", "--seeds", "1",
               "--out", str(tmp_path / "m"), cwd=tmp_path)
     assert "| student: sp from MSE teacher |" in out
+
+
+def test_mse_teacher_scaling_quick(tmp_path):
+    """The scaling study's protocol end to end on digits (1 epoch, 2 seeds, 3 transfer sets): the plan, one line
+    per run, the per-size tables, the headline with its verdicts, and the JSON record; nothing kept in
+    benchmarks/results."""
+    kept = sorted((BENCH / "results").glob("mse_teacher_scaling*"))
+    out = run("mse_teacher_scaling.py", "--quick", "--seeds", "2", "--data", "digits", "--out", str(tmp_path / "s"),
+              cwd=tmp_path)
+    assert out.startswith("plan: MSE-teacher scaling study on digits")
+    assert "total 46 runs (4 teachers, 42 students); expected wall time ~" in out
+    assert "command: OMP_NUM_THREADS=1 python benchmarks/mse_teacher_scaling.py --seeds 2" in out
+    assert sum(line.startswith("[") and "/46] seed" in line for line in out.splitlines()) == 46
+    for size in (200, 500, 1000):
+        assert f"### transfer set {size} images (1 epoch per student, stratified subset" in out
+    assert out.count("| model | test acc % (last epoch) | test % at best val epoch | test diff vs no KD [95% CI] "
+                     "| MSE - CE teacher [95% CI] | wall s |") == 3
+    assert "| student: rkd from MSE teacher |" in out and "| teacher (MSE) |" in out
+    assert "| method | 200 images | 500 images | 1000 images |" in out
+    verdicts = [line for line in out.splitlines() if line.startswith(("- kd: ", "- dkd: ", "- rkd: "))]
+    assert len(verdicts) == 3
+    assert all(v.count(" at ") == 3 and all(w in ("holds", "reversed", "not resolved") for w in
+                                            (p.split(": ")[-1].rsplit(" at ", 1)[0] for p in v.split("; ")))
+               for v in verdicts)
+    (folder,) = (tmp_path / "s").iterdir()
+    assert (folder / "results.md").is_file() and (folder / "results.png").is_file()
+    r = json.loads((folder / "results.json").read_text())
+    assert r["seeds"] == 2 and r["sizes"] == [200, 500, 1000] and r["methods"] == ["kd", "dkd", "rkd"]
+    assert r["runs"] == {"teachers": 4, "students": 42} and r["teacher_train_size"] == 1294
+    assert len(r["teachers"]["ce"]["test_acc"]) == 2 and len(r["teachers"]["mse"]["mse_minus_ce"]) == 3
+    for size in ("200", "500", "1000"):
+        b = r["by_size"][size]
+        assert b["student_train_size"] == int(size) and set(b["students"]) == {
+            "none", "kd/ce", "kd/mse", "dkd/ce", "dkd/mse", "rkd/ce", "rkd/mse"}
+        assert len(b["students"]["rkd/mse"]["mse_minus_ce"]) == 3 and "diff_vs_no_kd" in b["students"]["kd/ce"]
+        for method in r["methods"]:
+            cell = r["headline"][method][size]
+            assert len(cell["mse_minus_ce"]) == 3 and cell["verdict"] in ("holds", "reversed", "not resolved")
+    assert sorted((BENCH / "results").glob("mse_teacher_scaling*")) == kept
+
+
+def test_mse_teacher_scaling_plan_and_verdict(tmp_path):
+    """The plan's run list and time estimate (no training), and the verdict read off an interval."""
+    from teachkit.experiments.scaling_study import ScalingSetting, epoch_seconds, plan, verdict
+
+    s = ScalingSetting("mnist_full", teacher={"name": "lenet"}, student={"name": "mlp"}, teacher_epochs=3,
+                       sizes=(1000, 5000, 50000), student_epochs={1000: 30, 5000: 8, 50000: 2})
+    runs = plan(s, 5, 50_000)
+    assert len(runs) == 5 * (2 + 3 * 7) and sum(r.kind == "teacher" for r in runs) == 10
+    assert [r.name for r in runs[:4]] == ["seed0/teacher-ce", "seed0/teacher-mse", "seed0/n1000/no-kd",
+                                          "seed0/n1000/kd-ce-teacher"]
+    assert {r.images for r in runs if r.size == 50000} == {50000} and all(r.seconds > 0 for r in runs)
+    assert s.epochs_for(2000) == 30 and s.epochs_for(20000) == 2 and s.options_for("dkd", 1000)["warmup"] == 2.5
+    assert epoch_seconds("kd", 1000) < epoch_seconds("kd", 3000) < epoch_seconds("kd", 5000)
+    assert verdict((0.5, 0.1, 0.9)) == "holds" and verdict((-0.5, -0.9, -0.1)) == "reversed"
+    assert verdict((0.1, -0.2, 0.4)) == "not resolved" and verdict((0.1, float("nan"), float("nan"))) == "not resolved"
+    out = run("mse_teacher_scaling.py", "--plan", "--data", "digits", "--sizes", "100,5000", cwd=tmp_path)
+    assert "total 80 runs (10 teachers, 70 students)" in out and "on 1294 images (the whole training split)" in out
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("script, args", [
@@ -84,6 +180,18 @@ def test_mse_teacher_study_quick(tmp_path):
 def test_l2t_benchmarks_quick(tmp_path, script, args):
     out = run(script, *args, "--out", str(tmp_path / "r.md"), cwd=tmp_path)
     assert (tmp_path / "r.md").is_file() and out
+
+
+def test_l2t_mnist_full_quick(tmp_path):
+    """The paper-scale L2T-DLF study on a 1,000-image transfer set: plan, the four methods, verdicts, files."""
+    out = run("l2t_mnist_full.py", "--quick", "--models", "mlp", "--seeds", "1", "--out", str(tmp_path / "r"),
+              cwd=tmp_path)
+    assert "expected total:" in out and "60 teacher steps" not in out
+    for method in ("CE", "L2T-DLF static", "L2T-DLF gated", "L2T-DLF attention"):
+        assert f"| {method} |" in out
+    assert "Verdict (paired 95% intervals over seeds):" in out
+    written = list((tmp_path / "r").glob("*/l2t_mnist_full_mlp.json"))
+    assert written and len(__import__("json").loads(written[0].read_text())["runs"]) == 4
 
 
 def test_teacher_cache_benchmark_small(tmp_path):

@@ -167,3 +167,19 @@ def plot(r: dict, path: Path) -> Path | None:
                             ylabel="val accuracy %", reference=r["teacher"]["val_acc"],
                             title=f"tweets: {r['setting']['student_layers']}-layer students, {r['setting']['seeds']} "
                                   "seeds")
+
+
+def verdict(results: dict) -> str:
+    """Which orderings the paired 95% intervals support, in words."""
+    s = results["students"]
+
+    def says(name: str, triple: list[float]) -> str:
+        m, lo, hi = triple
+        if lo > 0:
+            return f"{name}: yes ({m:+.2f} [{lo:+.2f}, {hi:+.2f}])"
+        if hi < 0:
+            return f"{name}: reversed ({m:+.2f} [{lo:+.2f}, {hi:+.2f}])"
+        return f"{name}: not resolved at this scale ({m:+.2f} [{lo:+.2f}, {hi:+.2f}] includes 0)"
+
+    return "; ".join([says("KD > no KD", s["kd"]["diff_vs_no_kd"]), says("Pro-KD > no KD", s["prokd"]["diff_vs_no_kd"]),
+                      says("Pro-KD > KD", s["prokd"]["diff_vs_kd"])])
