@@ -39,13 +39,12 @@ TRAIN_FRACTION = 0.8 * 0.9
 PROBE_TWEETS = 1_000
 
 
-def measure(setting: TextSetting, work: Path) -> dict[str, float]:
-    """Seconds per training example for the teacher (6 layers) and a student (2 layers), and per evaluated
-    example, from one epoch each on :data:`PROBE_TWEETS` tweets."""
-    probe = replace(setting, tweets=PROBE_TWEETS, teacher_epochs=1, student_epochs=1)
+def measure(setting: TextSetting, work: Path, tweets: int = PROBE_TWEETS) -> dict[str, float]:
+    """Seconds per training example for the teacher (6 layers) and a student (2 layers), from one epoch each on
+    ``tweets`` tweets (their training split)."""
+    probe = replace(setting, tweets=tweets, teacher_epochs=1, student_epochs=1)
     cfg = base_config(probe, work)
     splits = load_data(cfg.data, device_of(cfg))
-    n_eval = len(splits.val) + len(splits.test)
     out = {}
     for who, model in (("teacher", cfg.teacher.model), ("student", cfg.model)):
         run = with_changes(cfg, name=f"probe-{who}", model=model, train={"epochs": 1})
@@ -53,7 +52,6 @@ def measure(setting: TextSetting, work: Path) -> dict[str, float]:
         result = train_model(run, splits=splits, run_dir=work / who)
         out[f"{who}_s_per_example"] = 1.0 / result.summary["images_per_s"]  # training steps only
         out[f"{who}_total_s"] = time.perf_counter() - t0
-    out["eval_examples"] = n_eval
     return out
 
 
@@ -84,13 +82,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="runs/prokd_tweets")
     ap.add_argument("--plan", action="store_true", help="measure, print the plan and exit")
+    ap.add_argument("--probe-tweets", type=int, default=PROBE_TWEETS, help="tweets of the throughput probe")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     setting = replace(TextSetting(), teacher_epochs=args.teacher_epochs, student_epochs=args.teacher_epochs + 1,
                       seeds=args.seeds, max_length=args.max_length)
     work = Path(tempfile.mkdtemp(prefix="prokd_tweets_probe_"))
     try:
-        speed = measure(setting, work)
+        speed = measure(setting, work, args.probe_tweets)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     tweets = choose(args, setting, speed)
@@ -102,7 +101,7 @@ def main() -> None:
             "predicted_min": predicted_s(tweets, speed, setting, args.seeds) / 60,
             "teacher_epochs": setting.teacher_epochs, "student_epochs": setting.student_epochs,
             "seeds": args.seeds, "max_length": setting.max_length}
-    print(f"command: {plan['command']}\nmeasured on {PROBE_TWEETS:,} tweets, {args.threads} thread(s): teacher "
+    print(f"command: {plan['command']}\nmeasured on {args.probe_tweets:,} tweets, {args.threads} thread(s): teacher "
           f"(MiniLM-L6) {plan['teacher_examples_per_s']:.1f} training examples/s, 2-layer student "
           f"{plan['student_examples_per_s']:.1f} examples/s\nthe whole corpus ({CORPUS:,} tweets, "
           f"{int(CORPUS * TRAIN_FRACTION):,} training): {whole / 3600:.1f} h for a {setting.teacher_epochs}-epoch "

@@ -206,6 +206,14 @@ def test_text_throughput_small(tmp_path, monkeypatch):
     assert "| KD, cached teacher |" in out and "| no KD |" in out
 
 
+def test_prokd_tweets_plan_measures_then_chooses(tmp_path, monkeypatch):
+    """The tweet study's plan: throughput measured on a probe, the whole corpus's predicted cost, a chosen size."""
+    monkeypatch.setenv("TEACHKIT_CACHE", str(tmp_path / "cache"))
+    out = run("prokd_tweets.py", "--plan", "--probe-tweets", "80", "--max-length", "16", "--threads", "1",
+              "--budget-min", "5", cwd=tmp_path)
+    assert "training examples/s" in out and "the whole corpus (37,243 tweets" in out and "chosen: " in out
+
+
 def test_text_study_verdict_reads_the_intervals():
     """The study's protocol runs in tests/tasks/test_text_kd.py (the text demo); here its verdict."""
     import importlib.util
