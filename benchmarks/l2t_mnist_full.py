@@ -5,6 +5,8 @@ FC500 (batch 500), momentum SGD lr 0.01, momentum 0.9; teacher Adam lr 1e-4, bet
 steps; dev measure the smooth error (k = 50) on the valid split (the authors' dev set, never test). Per seed and model:
 
 - ``CE``: the same student trained with cross-entropy (the ``train`` recipe);
+- ``DLF fixed at Phi_0``: the dynamic loss at the teachers' common start Phi_0 = (I, 0), -p_y / (1 + p_y), no
+  teacher training (what the learned teacher adds is the difference to it);
 - ``L2T-DLF static / gated / attention``: the ``l2t`` recipe with that teacher model (attention: K = 4).
 
 Every method trains the same student for the same number of epochs on the same batch stream (``train.seed=s``).
@@ -33,11 +35,14 @@ from teachkit.config import from_dict
 from teachkit.experiments.stats import mean_std, paired_interval, pyplot
 from teachkit.recipes import RECIPES
 from teachkit.recipes.common import load_data
+from teachkit.recipes.context import RunContext
+from teachkit.recipes.l2t import StudentStateTracker, build_teacher, train_student
 
 RESULTS = Path(__file__).parent / "results"
 TRAIN_IMAGES = 50_000
 QUICK_IMAGES = 1_000
-METHODS = ("CE", "L2T-DLF static", "L2T-DLF gated", "L2T-DLF attention")
+FIXED = "DLF fixed at Phi_0"
+METHODS = ("CE", FIXED, "L2T-DLF static", "L2T-DLF gated", "L2T-DLF attention")
 TEACHER_OF = {"L2T-DLF static": "static", "L2T-DLF gated": "gated", "L2T-DLF attention": "attention"}
 COVERS = ("student seeds (train.seed=s: the student's and the teacher-training student's initialisation and batch "
           "order, and the teacher model's initialisation); fixed official train/valid/test files; paired within a "
@@ -70,10 +75,10 @@ class ModelSetting:
         """Plain steps after each episode so that the teacher phase spans the student's whole schedule."""
         return max(0, self.epochs * self.steps_per_epoch // self.teacher_steps - self.inner_steps)
 
-    def expected_s(self) -> float:
-        """Expected seconds per seed: CE, and three L2T runs (teacher phase + final student)."""
+    def expected_s(self, methods: tuple[str, ...] = METHODS) -> float:
+        """Expected seconds per seed: every method's student, plus each learned teacher's phase."""
         teacher_phase = self.teacher_steps * self.inner_steps * self.inner_step_s + self.epochs * self.epoch_s * 0.8
-        return self.epochs * self.epoch_s * 4 + 3 * teacher_phase
+        return self.epochs * self.epoch_s * len(methods) + teacher_phase * sum(m in TEACHER_OF for m in methods)
 
 
 SETTINGS = {
@@ -95,7 +100,7 @@ def config(s: ModelSetting, out: Path, name: str, seed: int, method: str) -> Any
     if method == "CE":
         base["train"]["loss"] = "ce"
     else:
-        base["l2t"] = {"teacher_model": TEACHER_OF[method], "teacher_steps": s.teacher_steps,
+        base["l2t"] = {"teacher_model": TEACHER_OF.get(method, "static"), "teacher_steps": s.teacher_steps,
                        "inner_steps": s.inner_steps, "episode_gap": s.episode_gap, "memory": "full",
                        "objective": "smooth_error", "smooth_k": 50.0, "teacher_lr": 1e-4,
                        "teacher_betas": [0.9, 0.999], "teacher_eps": 1e-8, "dev_batch_size": 500, "attention_k": 4}
@@ -110,11 +115,17 @@ def run_one(s: ModelSetting, key: str, method: str, seed: int, out: Path, splits
     name = f"{key}-{method.replace(' ', '_')}-seed{seed}"
     t0 = time.perf_counter()
     cfg = config(s, out, name, seed, method)
-    result = RECIPES.get("train" if method == "CE" else "l2t")(cfg, splits=splits)
-    return {"model": key, "method": method, "seed": seed, "test_err": 100 - result.summary["test_acc"],
-            "val_err": 100 - result.summary["val_acc"], "time_s": time.perf_counter() - t0,
-            "teacher_log": read_jsonl(result.run_dir / "teacher_log.jsonl"),
-            "phi_log": read_jsonl(result.run_dir / "phi_log.jsonl")}
+    if method == FIXED:  # the final-student phase alone, under the untrained static teacher
+        ctx = RunContext.open(cfg, splits=splits)
+        fit, _ = train_student(ctx, build_teacher("static", splits.num_classes, StudentStateTracker.dim),
+                               meta={"loss": "dlf-identity"})
+        summary, run_dir = fit.summary, ctx.run_dir
+    else:
+        result = RECIPES.get("train" if method == "CE" else "l2t")(cfg, splits=splits)
+        summary, run_dir = result.summary, result.run_dir
+    return {"model": key, "method": method, "seed": seed, "test_err": 100 - summary["test_acc"],
+            "val_err": 100 - summary["val_acc"], "time_s": time.perf_counter() - t0,
+            "teacher_log": read_jsonl(run_dir / "teacher_log.jsonl"), "phi_log": read_jsonl(run_dir / "phi_log.jsonl")}
 
 
 def plan(args: argparse.Namespace, settings: dict[str, ModelSetting]) -> str:
@@ -123,12 +134,12 @@ def plan(args: argparse.Namespace, settings: dict[str, ModelSetting]) -> str:
              f"{len(args.seeds)} seeds ({', '.join(map(str, args.seeds))}); {torch.get_num_threads()} thread(s)"]
     total = 0.0
     for key, s in settings.items():
-        per_seed = s.expected_s()
+        per_seed = s.expected_s(args.methods)
         total += per_seed * len(args.seeds)
         lines.append(f"{key}: {s.name}, batch {s.batch_size}, {s.epochs} epochs ({s.epochs * s.steps_per_epoch:,} "
                      f"steps) for every method; L2T-DLF: {s.teacher_steps} teacher steps of {s.inner_steps} "
-                     f"differentiated steps + {s.episode_gap} plain steps; runs: {len(METHODS)} methods x "
-                     f"{len(args.seeds)} seeds = {len(METHODS) * len(args.seeds)}; expected "
+                     f"differentiated steps + {s.episode_gap} plain steps; runs: {len(args.methods)} methods x "
+                     f"{len(args.seeds)} seeds = {len(args.methods) * len(args.seeds)}; expected "
                      f"{per_seed / 60:.1f} min per seed")
     lines.append(f"expected total: {total / 60:.0f} min (estimated from per-epoch and per-step times measured on "
                  "the 2-core CPU machine, one thread)")
@@ -147,7 +158,7 @@ def table(runs: list[dict[str, Any]], key: str) -> list[str]:
         te, ve = [by[m][s]["test_err"] for s in seeds], [by[m][s]["val_err"] for s in seeds]
         delta = "—" if m == "CE" else "{:+.2f} ({:+.2f}, {:+.2f})".format(*paired_interval(te, ce))
         dev = "—"
-        if m != "CE":
+        if m in TEACHER_OF:
             first = mean_std([by[m][s]["teacher_log"][0]["dev_objective"] for s in seeds])[0]
             last = mean_std([by[m][s]["teacher_log"][-1]["dev_objective"] for s in seeds])[0]
             dev = f"{first:.4f} → {last:.4f}"
@@ -163,10 +174,11 @@ def table(runs: list[dict[str, Any]], key: str) -> list[str]:
 
 def verdicts(runs: list[dict[str, Any]], key: str) -> list[str]:
     seeds = sorted({r["seed"] for r in runs if r["model"] == key})
+    have = {m for r in runs if r["model"] == key for m in [r["method"]]}
     err = {m: [next(r["test_err"] for r in runs if r["model"] == key and r["method"] == m and r["seed"] == s)
-               for s in seeds] for m in METHODS}
+               for s in seeds] for m in METHODS if m in have}
     out = []
-    for m in METHODS[1:]:
+    for m in [m for m in METHODS[1:] if m in err and "CE" in err]:
         d, lo, hi = paired_interval(err[m], err["CE"])
         word = "lower error than CE (the paper's direction)" if hi < 0 else \
             "higher error than CE (reversed)" if lo > 0 else "not resolved (the interval includes 0)"
@@ -182,7 +194,7 @@ def dev_curves(runs: list[dict[str, Any]], path: Path) -> Path | None:
     keys = sorted({r["model"] for r in runs})
     fig, axes = plt.subplots(1, len(keys), figsize=(5.5 * len(keys), 3.6), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        for m in METHODS[1:]:
+        for m in TEACHER_OF:
             logs = [r["teacher_log"] for r in runs if r["model"] == key and r["method"] == m and r["teacher_log"]]
             if not logs:
                 continue
@@ -202,9 +214,12 @@ def dev_curves(runs: list[dict[str, Any]], path: Path) -> Path | None:
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, settings: dict[str, ModelSetting],
            wall: float) -> str:
     lines = ["# L2T-DLF on the full MNIST: cross-entropy vs static / gated / attention teachers", "",
-             f"`python benchmarks/l2t_mnist_full.py --models {','.join(settings)} --seeds "
-             f"{' '.join(map(str, args.seeds))} --threads {args.threads}` — one run, {wall / 60:.1f} min on "
-             f"{torch.get_num_threads()} CPU thread(s), torch {torch.__version__}.", "",
+             f"`python benchmarks/l2t_mnist_full.py {' '.join(sys.argv[1:])}` — one run, {wall / 60:.1f} min on "
+             f"{torch.get_num_threads()} CPU thread(s), torch {torch.__version__}."
+             + (f" Rows of methods other than {', '.join(args.methods)} come from `{args.merge}` (an earlier run "
+                "of the same settings and seeds; every run is deterministic, so the pairing holds)."
+                if args.merge else ""),
+             "",
              "Data: `mnist_full` (the classic mnist.pkl.gz: 50,000 train, its 10,000 valid images as the validation "
              "split and the teacher's dev set, 10,000 test). Students and optimiser as the paper's supplement "
              "(momentum SGD lr 0.01, m 0.9, constant lr, no weight decay); teacher Adam lr 1e-4, betas 0.9/0.999, "
@@ -230,6 +245,9 @@ def main() -> None:
     ap.add_argument("--plan", action="store_true", help="print what it will run and the expected time, then exit")
     ap.add_argument("--quick", action="store_true", help="smoke test: 2 teacher steps, 2 seeds, tiny budgets")
     ap.add_argument("--epochs", type=int, help="override every model's student epochs")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of: {', '.join(METHODS)}")
+    ap.add_argument("--merge", help="a results JSON of an earlier run of the same settings and seeds: its runs of "
+                                    "other methods join this run's in the report (e.g. to add a method)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     keys = [k.strip() for k in args.models.split(",") if k.strip()]
@@ -237,6 +255,9 @@ def main() -> None:
     if bad or not keys:
         ap.error(f"--models={args.models!r}: choose from {', '.join(SETTINGS)}")
     settings = {k: SETTINGS[k] for k in keys}
+    args.methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not args.methods or any(m not in METHODS for m in args.methods):
+        ap.error(f"--methods={','.join(args.methods)!r}: choose from {', '.join(METHODS)}")
     if args.epochs:
         settings = {k: replace(s, epochs=args.epochs) for k, s in settings.items()}
     if args.quick:
@@ -256,12 +277,16 @@ def main() -> None:
     runs = []
     for key, s in settings.items():
         for seed in args.seeds:
-            for method in METHODS:
+            for method in args.methods:
                 r = run_one(s, key, method, seed, out, splits)
                 runs.append(r)
                 print(f"{key} seed {seed} {method:<18} test err {r['test_err']:5.2f}%  val err {r['val_err']:5.2f}%  "
                       f"({r['time_s']:.0f} s)", flush=True)
-    text = report(runs, args, settings, time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    if args.merge:  # earlier runs of the other methods (same settings and seeds: deterministic, so paired)
+        earlier = json.loads(Path(args.merge).read_text())
+        runs = [r for r in earlier["runs"] if r["method"] not in args.methods] + runs
+    text = report(runs, args, settings, wall)
     print(text)
     dest = out if args.quick else RESULTS
     dest.mkdir(parents=True, exist_ok=True)
