@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -214,7 +215,7 @@ def dev_curves(runs: list[dict[str, Any]], path: Path) -> Path | None:
 def report(runs: list[dict[str, Any]], args: argparse.Namespace, settings: dict[str, ModelSetting],
            wall: float) -> str:
     lines = ["# L2T-DLF on the full MNIST: cross-entropy vs static / gated / attention teachers", "",
-             f"`python benchmarks/l2t_mnist_full.py {' '.join(sys.argv[1:])}` — one run, {wall / 60:.1f} min on "
+             f"`python benchmarks/l2t_mnist_full.py {shlex.join(sys.argv[1:])}` — one run, {wall / 60:.1f} min on "
              f"{torch.get_num_threads()} CPU thread(s), torch {torch.__version__}."
              + (f" Rows of methods other than {', '.join(args.methods)} come from `{args.merge}` (an earlier run "
                 "of the same settings and seeds; every run is deterministic, so the pairing holds)."
