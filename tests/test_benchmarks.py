@@ -187,11 +187,14 @@ def test_l2t_mnist_full_quick(tmp_path):
     out = run("l2t_mnist_full.py", "--quick", "--models", "mlp", "--seeds", "1", "--out", str(tmp_path / "r"),
               cwd=tmp_path)
     assert "expected total:" in out and "60 teacher steps" not in out
-    for method in ("CE", "L2T-DLF static", "L2T-DLF gated", "L2T-DLF attention"):
+    for method in ("CE", "DLF fixed at Phi_0", "L2T-DLF static", "L2T-DLF gated", "L2T-DLF attention"):
         assert f"| {method} |" in out
     assert "Verdict (paired 95% intervals over seeds):" in out
     written = list((tmp_path / "r").glob("*/l2t_mnist_full_mlp.json"))
-    assert written and len(__import__("json").loads(written[0].read_text())["runs"]) == 4
+    assert written and len(__import__("json").loads(written[0].read_text())["runs"]) == 5
+    again = run("l2t_mnist_full.py", "--quick", "--models", "mlp", "--seeds", "1", "--methods", "DLF fixed at Phi_0",
+                "--merge", str(written[0]), "--out", str(tmp_path / "m"), cwd=tmp_path)
+    assert "| CE |" in again and "| L2T-DLF gated |" in again and "come from" in again
 
 
 def test_teacher_cache_benchmark_small(tmp_path):
