@@ -4,6 +4,7 @@ fragment, never a traceback. Config files, overrides, plugins, output folders an
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -238,6 +239,25 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("sweep-missing-file", ["sweep", "{tmp}/none.yaml"], {}, {}, "none.yaml' does not exist"),
     ("sweep-unknown-override", ["sweep", "{tmp}/s.yaml", "data.rot=/x"], {"cfg.yaml": TINY, "s.yaml": SWEEP}, {},
      "sweep key 'data.rot' does not exist"),
+    # --- mnist_full (the classic mnist.pkl.gz) and the L2T-DLF teacher options
+    ("mnist-full-verify-not-bool", ["train", "{cfg}", "data.name=mnist_full", "data.options={verify: maybe}"],
+     {"cfg.yaml": TINY}, {}, "dataset 'mnist_full' option 'verify' must be true or false, got 'maybe'"),
+    ("mnist-full-unknown-option", ["train", "{cfg}", "data.name=mnist_full", "data.options={vrify: false}"],
+     {"cfg.yaml": TINY}, {}, "unknown option 'vrify' for dataset 'mnist_full' (did you mean 'verify'?)"),
+    ("mnist-full-missing-file", ["train", "{cfg}", "data.name=mnist_full", "data.options={}",
+                                 "data.root={tmp}/none"], {"cfg.yaml": TINY}, {}, "no mnist.pkl.gz at"),
+    ("mnist-full-pickle-runs-code", ["train", "{cfg}", "data.name=mnist_full", "data.options={verify: false}",
+                                     "data.root={tmp}/d"],
+     {"cfg.yaml": TINY, "d/mnist.pkl.gz": gzip.compress(b"\x80\x02cos\nsystem\nX\x04\x00\x00\x00trueq\x85R.")},
+     {}, "refusing to unpickle global 'os.system'"),
+    ("mnist-full-wrong-digest", ["train", "{cfg}", "data.name=mnist_full", "data.options={}", "data.root={tmp}/d"],
+     {"cfg.yaml": TINY, "d/mnist.pkl.gz": gzip.compress(b"\x80\x02N.")}, {}, "not the classic mnist.pkl.gz"),
+    ("l2t-attention-k-zero", ["run", "l2t", "{cfg}", "l2t.teacher_model=attention", "l2t.attention_k=0"],
+     {"cfg.yaml": TINY}, {}, "l2t.attention_k=0"),
+    ("l2t-gate-hidden-negative", ["run", "l2t", "{cfg}", "l2t.gate_hidden=-1"], {"cfg.yaml": TINY}, {},
+     "l2t.gate_hidden=-1"),
+    ("l2t-unknown-teacher-model", ["run", "l2t", "{cfg}", "l2t.teacher_model=transformer"], {"cfg.yaml": TINY}, {},
+     "l2t.teacher_model"),
     ("report-missing-folder", ["report", "{tmp}/none"], {}, {}, "none"),
     ("report-no-runs", ["report", "{tmp}/empty"], {"empty": DIR}, {}, "no run folders"),
     ("report-empty-run-config", ["report", "{tmp}/runs"], {"runs/a/config.yaml": "", "runs/a/summary.json": "{}"},
