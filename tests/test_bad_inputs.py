@@ -284,7 +284,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 103 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 111 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
