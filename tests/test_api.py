@@ -141,6 +141,6 @@ def test_a_trained_module_is_used_as_the_teacher_as_it_is(tmp_path: Path, digits
     assert not (student.run_dir / "teacher").exists()  # nothing trained in the run
     assert "records no data settings" in student.summary["teacher_overlap_allowed"]
     assert any("records no data settings" in w for w in student.summary["warnings"])
-    frozen = teachkit.load(read_yaml(student.run_dir / "config.yaml")["teacher"]["checkpoint"], "last")
+    frozen = teachkit.load_model(read_yaml(student.run_dir / "config.yaml")["teacher"]["checkpoint"], "last")
     assert all(torch.equal(a, b) for a, b in zip(frozen.state_dict().values(), trained.model.state_dict().values(),
                                                  strict=True))

@@ -262,6 +262,13 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("report-no-runs", ["report", "{tmp}/empty"], {"empty": DIR}, {}, "no run folders"),
     ("report-empty-run-config", ["report", "{tmp}/runs"], {"runs/a/config.yaml": "", "runs/a/summary.json": "{}"},
      {}, "has an empty config.yaml, so its settings are unknown"),
+    ("predict-missing-input", ["predict", "{tmp}/run", "{tmp}/none.csv"], {"run": DIR}, {},
+     "none.csv' does not exist"),
+    ("predict-not-a-run", ["predict", "{tmp}/run", "{tmp}/in.csv"], {"run": DIR, "in.csv": "a\n1\n"}, {},
+     "holds no checkpoints/best.safetensors and no model.safetensors"),
+    ("predict-out-folder-missing", ["predict", "{tmp}/run", "{tmp}/in.csv", "--out", "{tmp}/no/p.csv"],
+     {"run": DIR, "in.csv": "a\n1\n"}, {}, "p.csv': its folder"),
+    ("export-not-a-run", ["export", "{tmp}/nothing", "{tmp}/exp"], {}, {}, "does not exist (expected a run folder"),
 ]
 
 
@@ -284,7 +291,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 111 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 115 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

@@ -2,7 +2,7 @@
 imports inside functions), not from what happens to be loaded at run time.
 
     errors < registry, trust < options, types, distributed < data < models < losses < engine < tasks < config < recipes
-    < experiments < cli, api
+    < experiments, predict < cli, api
 
 (the package root ``teachkit/__init__.py`` sits above everything: importing ``teachkit`` registers it all).
 """
@@ -32,6 +32,7 @@ LAYERS = [
     ("teachkit.config", 8),
     ("teachkit.recipes", 9),
     ("teachkit.experiments", 10),
+    ("teachkit.predict", 10),
     ("teachkit.cli", 11),
     ("teachkit.api", 11),
     ("teachkit", 12),  # the package root
@@ -42,7 +43,7 @@ def rank(module: str) -> int:
     for prefix, r in LAYERS:
         if module == prefix or module.startswith(prefix + "."):
             return r
-    raise AssertionError(f"module {module} belongs to no layer: add it to LAYERS and to the README's Design section")
+    raise AssertionError(f"module {module} belongs to no layer: add it to LAYERS and to docs/design.md")
 
 
 def module_name(path: Path) -> str:

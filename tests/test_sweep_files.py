@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from teachkit.config import from_dict, read_yaml, to_dict
+from teachkit.config import from_dict, read_yaml, resolve_paths, to_dict
 from teachkit.experiments.sweep import Job, Plan, plan_sweep
 from teachkit.recipes.teacher import TEACHER_USES
 
@@ -65,7 +65,8 @@ def config_by_name() -> dict[str, Path]:
 
 @cache
 def loaded(path: Path) -> dict:
-    return to_dict(from_dict(read_yaml(path)))
+    """The config file ``path`` as a sweep reads it: its paths relative to its folder."""
+    return to_dict(from_dict(resolve_paths(read_yaml(path), path.parent)))
 
 
 @cache
@@ -153,7 +154,7 @@ def test_sweep_runs_the_configs(name, out_dir):
         if not job.needs:
             continue
         assert source["teacher"]["select"] == job.cfg.teacher.select
-        teacher_path = config_by_name()[source["teacher"]["checkpoint"].removeprefix("runs/")]
+        teacher_path = config_by_name()[read_yaml(path)["teacher"]["checkpoint"].removeprefix("runs/")]
         teacher = to_dict(teachers[job.needs[0]].cfg)
         skip = ("name", "out_dir", "train.seed", "train.save_every", "train.progress")
         assert without(teacher, *skip) == without(loaded(teacher_path), *skip), f"{job.name} vs {teacher_path}"

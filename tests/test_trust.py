@@ -168,7 +168,7 @@ def test_api_load_needs_trust_code_in_a_new_process(tmp_path, monkeypatch):
     run = tmp_path / "runs" / "tiny"
     script = ("import sys, teachkit\n"
               "try:\n    teachkit.load(sys.argv[1])\nexcept teachkit.trust.TrustError as e:\n    print('REFUSED', e)\n"
-              "m = teachkit.load(sys.argv[1], trust_code=True)\nprint('LOADED', type(m).__name__)\n")
+              "m = teachkit.load(sys.argv[1], trust_code=True)\nprint('LOADED', type(m.model).__name__)\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1"}
     env.pop("TEACHKIT_TRUST_CODE", None)

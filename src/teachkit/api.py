@@ -18,7 +18,7 @@ once, by content hash, under ``out_dir/_data/`` and read back through the ``arra
 made from Python can be evaluated and resumed from the command line like any other.
 
 ``trust_code=True`` lets a teacher run folder or checkpoint given here (or :func:`load`) import the model factory
-or plugins it names; without it only code named in the call itself is imported (see README, "Security").
+or plugins it names; without it only code named in the call itself is imported (see docs/security.md).
 
 Every other setting is a dotted override (``overrides={"optim.weight_decay": 5e-4}``) on top of an optional
 base ``config`` (a YAML path or a mapping); the run folder's ``config.yaml`` records the result.
@@ -47,11 +47,13 @@ from teachkit.models import MODELS
 from teachkit.models.probe import check_model_on_data
 from teachkit.models.zoo import call_factory
 from teachkit.options import to_plain
+from teachkit.predict import Predictor, load_predictor
 from teachkit.recipes import RECIPES
-from teachkit.recipes.common import RunResult, load_model
+from teachkit.recipes.common import RunResult
+from teachkit.recipes.common import load_model as load_checkpoint_model
 from teachkit.trust import grant, trusting
 
-__all__ = ["Run", "distill", "load", "run", "train"]
+__all__ = ["Run", "distill", "load", "load_model", "run", "train"]
 
 PYTHON_SUFFIX = "@python"  # names of models given as Python objects (registered for this process only)
 _python_models: dict[str, Any] = {}
@@ -65,8 +67,13 @@ class Run(RunResult):
         return self.run_dir / "checkpoints" / f"{select}.safetensors"
 
     def load(self, select: str = "best", device: torch.device | str = "cpu", trust_code: bool = False) -> nn.Module:
-        """The model of checkpoint ``select`` (default: the best validation epoch), in eval mode (``trust_code``:
-        see :func:`load`)."""
+        """The bare model of checkpoint ``select`` (default: the best validation epoch), in eval mode; it expects
+        inputs normalised as in training (:meth:`predictor` takes raw ones; ``trust_code``: see :func:`load`)."""
+        return load_model(self, select, device, trust_code)
+
+    def predictor(self, select: str = "best", device: torch.device | str = "cpu",
+                  trust_code: bool = False) -> Predictor:
+        """The :class:`~teachkit.predict.Predictor` of checkpoint ``select``: raw inputs in, labels out."""
         return load(self, select, device, trust_code)
 
     def __repr__(self) -> str:
@@ -416,13 +423,24 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
 
 
 def load(run_or_path: Run | RunResult | str | Path, select: str = "best",
-         device: torch.device | str = "cpu", trust_code: bool = False) -> nn.Module:
-    """The model saved in a run folder or checkpoint file (``select``: ``best`` or ``last``), in eval mode.
+         device: torch.device | str = "cpu", trust_code: bool = False) -> Predictor:
+    """The predictor of a run folder, export folder (``teachkit export``) or checkpoint file (``select``: ``best``
+    or ``last``): ``predict(raw_inputs)`` applies the run's own preprocessing (normalisation, feature columns,
+    image size, tokenizer) and returns labels in the run's label names; ``.model`` is the bare ``nn.Module``.
 
     A model factory the checkpoint names (``package.module:factory``) is imported only when this process named
     it or ``trust_code=True``: a run folder someone hands you is data, not code."""
     path = run_or_path.run_dir if isinstance(run_or_path, RunResult) else run_or_path
     with trusting(trust_code):
-        model, _ = load_model(path, select, device)
+        return load_predictor(path, select, device)
+
+
+def load_model(run_or_path: Run | RunResult | str | Path, select: str = "best",
+               device: torch.device | str = "cpu", trust_code: bool = False) -> nn.Module:
+    """The bare model saved in a run folder or checkpoint file (``select``: ``best`` or ``last``), in eval mode;
+    it expects inputs preprocessed as in training (normalised with the training split's statistics)."""
+    path = run_or_path.run_dir if isinstance(run_or_path, RunResult) else run_or_path
+    with trusting(trust_code):
+        model, _ = load_checkpoint_model(path, select, device)
     return model.eval()
 

@@ -1,4 +1,5 @@
-"""Command line: ``teachkit {train,distill,run,eval,list,demo,sweep,report}``. Parses and calls; no logic of its own.
+"""Command line: ``teachkit {train,distill,run,eval,list,demo,sweep,report,predict,export}``. Parses and calls; no
+logic of its own.
 
 Every user mistake is one line ``teachkit: error: ...`` on stderr and exit status 2, never a traceback
 (``--debug`` or ``TEACHKIT_DEBUG=1`` print it too); an I/O failure that escapes (disk full, a folder under a
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="teachkit",
                                      description="Knowledge distillation with the teacher in the loop.")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_run_args(sub.add_parser("train", help="train one model on labels (ce / mse / mse-logits)"))
+    train_help = f"train one model on labels (train.loss: {label_losses()})"
+    _add_run_args(sub.add_parser("train", help=train_help, description=f"{train_help[0].upper()}{train_help[1:]}."))
     _add_run_args(sub.add_parser("distill", help="distil a student from a teacher (checkpoint or trained first)"))
     run = sub.add_parser("run", help="run any registered recipe (teachkit list recipes) on a config")
     run.add_argument("recipe", help="recipe name, e.g. prokd, annealing, rco, takd, eskd, l2t")
@@ -78,13 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes, evaluators (with options)")
     ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "all"],
                     default="all")
+    ls.add_argument("name", nargs="?", default=None,
+                    help="one entry: a table of its options (type, default, allowed values, help)")
     _add_plugin_arg(ls)
     demo = sub.add_parser("demo", help="images: CE vs MSE teacher, KD vs no KD; text: no KD vs KD vs Pro-KD on "
                                        "tweets with a MiniLM teacher; nmt: no KD vs word-level vs sequence-level "
                                        "KD; several paired seeds (offline)")
     demo.add_argument("--task", choices=["images", "text", "nmt"], default="images",
-                      help="images (default), text (MiniLM-L6 teacher on the tweet corpus, ~10 min on 2 cores) or "
-                           "nmt (Transformer teacher, LSTM students on a generated translation task, ~10 min)")
+                      help="images (default), text (MiniLM-L6 teacher on the tweet corpus) or nmt (Transformer "
+                           "teacher, LSTM students on a generated translation task); times: see README (measured)")
     demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k",
                       help="dataset of the image demo")
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
@@ -117,8 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "with paired intervals and published numbers")
     rp.add_argument("runs_dir", metavar="RUNS_DIR")
     rp.add_argument("--by", nargs="+", default=None, metavar="KEY",
-                    help="group rows by these keys (default: the sweep's axes without seeds, or the config keys "
-                         "that vary)")
+                    help="group rows by these keys: sweep labels, recipe, teacher.loss, teacher.model, pair or "
+                         "dotted config keys, e.g. --by kd.method teacher.loss; a row's runs (its seeds) give mean "
+                         "+- sample std, and with --baseline a paired 95%% t interval (default: the sweep's axes "
+                         "without seeds, or the config keys that vary, and a run column naming the rows' folders)")
     rp.add_argument("--baseline", default=None, metavar="KEY=VALUE[,KEY=VALUE]",
                     help="the row paired differences are taken against, e.g. variant=no-kd")
     rp.add_argument("--select", choices=["last", "best"], default="last",
@@ -128,9 +134,46 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-plots", action="store_true", help="tables only")
     rp.add_argument("--teachers", action="store_true", help="report teacher runs as rows too (default: a table of "
                                                             "their own)")
+    _add_predict_parsers(sub)
     for command in sub.choices.values():
         _add_debug_arg(command)
+        command.epilog = CONFIG_EPILOG
+    parser.epilog = CONFIG_EPILOG
     return parser
+
+
+#: the closing line of every ``--help``: where the configuration reference is
+CONFIG_EPILOG = ("Configuration reference: docs/configuration.md; the options of one model, dataset, loss, recipe "
+                 "or evaluator: teachkit list KIND NAME (e.g. teachkit list losses kd).")
+
+
+def label_losses() -> str:
+    """The registered label losses (``ce / mse / ...``), for ``train --help``."""
+    from teachkit.losses import OBJECTIVES
+
+    return " / ".join(OBJECTIVES.names())
+
+
+def _add_predict_parsers(sub: Any) -> None:
+    """``teachkit predict`` and ``teachkit export`` (bodies in :mod:`teachkit.predict.commands`)."""
+    pr = sub.add_parser("predict", help="predict raw inputs (CSV / Parquet / .npz / images / text) with a run's "
+                                        "model and preprocessing; one CSV row per input")
+    pr.add_argument("run", metavar="RUN", help="run folder, export folder or checkpoint file")
+    pr.add_argument("input", metavar="INPUT", help="CSV / Parquet table, .npz (array x), image file or folder, "
+                                                   "text file (one input per line)")
+    pr.add_argument("--out", default=None, metavar="FILE", help="write the CSV here (atomically); default stdout")
+    pr.add_argument("--select", choices=["best", "last"], default="best", help="which checkpoint of a run folder")
+    pr.add_argument("--proba", action="store_true", help="add one probability column per class")
+    _add_trust_arg(pr)
+    ex = sub.add_parser("export", help="export a run's model as a self-contained folder (safetensors, config.json, "
+                                       "model card; --onnx for image and tabular models)")
+    ex.add_argument("run", metavar="RUN", help="run folder or checkpoint file")
+    ex.add_argument("folder", metavar="DIR", help="the export folder to create (must be new or empty)")
+    ex.add_argument("--select", choices=["best", "last"], default="best", help="which checkpoint of a run folder")
+    ex.add_argument("--onnx", action="store_true", help="also write model.onnx (raw inputs -> logits); needs "
+                                                        "pip install 'teachkit[onnx]'")
+    ex.add_argument("--force", action="store_true", help="replace DIR when it is not empty")
+    _add_trust_arg(ex)
 
 
 def summary_line(command: str, result) -> str:
@@ -318,6 +361,14 @@ def _list(args: argparse.Namespace) -> int:
     from teachkit.registry import import_plugins
 
     import_plugins(plugin_names(args.plugin))
+    if args.name is not None:
+        from teachkit.recipes.catalog import describe_entry
+
+        if args.what == "all":
+            raise ConfigError(f"teachkit list {args.name}: name a kind first, e.g. teachkit list losses {args.name} "
+                              "(kinds: models, datasets, losses, recipes, evaluators)")
+        print(describe_entry(args.what, args.name))
+        return 0
     groups = {"models": [MODELS], "datasets": [DATASETS], "losses": [OBJECTIVES, LOSSES], "recipes": [RECIPES],
               "evaluators": [EVALUATORS]}
     for name, registries in groups.items():
@@ -429,6 +480,12 @@ def _run(args: argparse.Namespace) -> int:
         return _sweep(args)
     if args.command == "report":
         return _report(args)
+    if args.command in ("predict", "export"):
+        from teachkit.predict.commands import export_command, predict_command
+
+        if args.command == "predict":
+            return predict_command(args.run, args.input, args.out, args.select, args.proba)
+        return export_command(args.run, args.folder, args.select, args.onnx, args.force)
     raise AssertionError(args.command)
 
 

@@ -19,8 +19,9 @@ trusts code read from disk (``--trust-code``, :mod:`teachkit.trust`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -32,14 +33,15 @@ from teachkit.data import DataConfig
 from teachkit.engine import LoopConfig, OptimConfig
 from teachkit.errors import ConfigError
 from teachkit.losses import OBJECTIVES, KDConfig
-from teachkit.models import ModelConfig
-from teachkit.options import Options, coerce, from_mapping, option, short_repr, to_plain
+from teachkit.models import ModelConfig, TapSpec
+from teachkit.options import Options, coerce, from_mapping, is_path, option, short_repr, to_plain, type_hints
 from teachkit.registry import DuplicateNameError, Entry, closest, import_plugins
 from teachkit.trust import reading_from
 
 __all__ = ["DataConfig", "KDConfig", "ModelConfig", "OptimConfig", "RunConfig", "TeacherConfig", "TrainConfig",
-           "dump_yaml", "from_dict", "load_config", "merge", "parse_overrides", "read_yaml", "register_section",
-           "to_dict", "with_changes", "yaml_load"]
+           "absolute_paths", "dump_yaml", "from_dict", "load_config", "map_paths", "merge", "parse_overrides",
+           "path_values", "read_yaml", "register_section", "resolve_path", "resolve_paths", "to_dict", "with_changes",
+           "yaml_load"]
 
 
 @dataclass
@@ -78,9 +80,12 @@ class TeacherConfig(Options):
     student only), its own model, loss (``ce`` or ``mse``), epochs and optimiser.
     """
 
-    checkpoint: str | None = None
+    checkpoint: str | None = option(None, path=True)
     select: Literal["last", "best"] = "last"
     model: ModelConfig = option(factory=ModelConfig)
+    #: taps of the teacher by module path, like ``model.taps``; for a teacher loaded from a checkpoint they
+    #: override or extend the taps it recorded, without retraining it
+    taps: dict[str, Any] = option(factory=dict)
     optim: OptimConfig = option(factory=OptimConfig)
     epochs: int = option(10, ge=1)
     loss: str = "ce"
@@ -101,6 +106,8 @@ class TeacherConfig(Options):
 
     def validate(self) -> None:
         OBJECTIVES.entry(self.loss)
+        if self.taps:
+            TapSpec.from_dict(self.taps, self.key("taps"))
 
 
 #: Recipe sections: name -> options dataclass (filled by ``RECIPES.register(..., options=...)``).
@@ -416,6 +423,119 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+# ----------------------------------------------------------------------------- paths
+
+
+def resolve_path(value: Any, folder: str | Path | None = None) -> Any:
+    """A path option's ``value`` made absolute. ``folder``: the folder of the file that wrote it (None: the value
+    was typed on the command line or given from Python, so relative to the working directory).
+
+    ``~`` expands; an absolute path stays. A relative path is taken under ``folder`` when it exists there. Else a
+    value that does not look like a path -- no ``/`` and not starting with ``.`` -- is a name and stays as written
+    (a bundled model name, a Hub id without a folder). Else, for a file value, a path that exists relative to the
+    working directory is taken there (files written before this rule, such as the shipped configs' ``teacher.
+    checkpoint: runs/NAME``, named outputs of runs started from the working directory); otherwise the path under
+    ``folder`` (where a missing file is then reported)."""
+    if not isinstance(value, str) or not value:
+        return value
+    path = os.path.expanduser(value)
+    if os.path.isabs(path):
+        return path
+    base = os.path.abspath(folder) if folder is not None else os.getcwd()
+    here = os.path.normpath(os.path.join(base, path))
+    if os.path.exists(here):
+        return here
+    if "/" not in path and os.sep not in path and not path.startswith("."):
+        return value
+    if folder is not None and os.path.exists(path):
+        return os.path.abspath(path)
+    return here
+
+
+PathFn = Callable[[str, Any], Any]
+
+
+def _map_fields(cls: type, tree: dict, fn: PathFn, prefix: str = "") -> dict:
+    """``tree`` (a plain mapping of the options dataclass ``cls``) with ``fn(dotted key, value)`` applied to every
+    declared path field, nested options sections included; anything else is kept as it is."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = type_hints(cls)
+    out = dict(tree)
+    for key, value in tree.items():
+        f = fields.get(key) if isinstance(key, str) else None
+        if f is None:
+            continue
+        if is_path(f):
+            out[key] = fn(f"{prefix}{key}", value)
+            continue
+        inner = _options_type(hints[key])
+        if inner is not None and isinstance(value, dict):
+            out[key] = _map_fields(inner, value, fn, f"{prefix}{key}.")
+    return out
+
+
+def map_paths(tree: dict, fn: PathFn) -> dict:
+    """A plain config mapping with ``fn(dotted key, value)`` applied to every declared path field (``data.root``,
+    ``teacher.checkpoint``, a recipe section's ``option(path=True)`` fields)."""
+    if not isinstance(tree, dict):
+        return tree
+    core = {k: v for k, v in tree.items() if k in CORE}
+    out = {**tree, **_map_fields(RunConfig, core, fn)}
+    for name, cls in SECTIONS.items():
+        if isinstance(tree.get(name), dict):
+            out[name] = _map_fields(cls, tree[name], fn, f"{name}.")
+    return out
+
+
+def path_values(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(dotted key, value) of every declared path set in ``cfg``."""
+    found: list[tuple[str, str]] = []
+
+    def note(key: str, value: Any) -> Any:
+        if isinstance(value, str) and value:
+            found.append((key, value))
+        return value
+
+    map_paths(to_dict(cfg), note)
+    return found
+
+
+def _options_type(tp: Any) -> type | None:
+    """The options dataclass in a field's type (``ModelConfig`` of ``ModelConfig | None``), or None."""
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return tp
+    for arg in getattr(tp, "__args__", ()):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def resolve_paths(tree: dict, folder: str | Path | None = None) -> dict:
+    """A plain config mapping with every declared path field (``data.root``, ``teacher.checkpoint``, a recipe
+    section's ``option(path=True)`` fields) resolved against ``folder``, the folder of the file that wrote it
+    (None: the working directory); see :func:`resolve_path`. Keys that are not config keys are left for
+    :func:`from_dict` to report."""
+    return map_paths(tree, lambda _key, value: resolve_path(value, folder))
+
+
+def resolve_dotted(key: str, value: Any, folder: str | Path | None) -> Any:
+    """``value`` of the dotted config key ``key`` (``data.root``) resolved like :func:`resolve_paths` does."""
+    tree: dict = {}
+    _set_dotted(tree, key, value)
+    node: Any = resolve_paths(tree, folder)
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+def absolute_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every declared path absolute (relative ones taken under the working directory): what a run
+    folder's ``config.yaml`` and checkpoints record, so that they are read the same from any directory."""
+    tree = to_dict(cfg)
+    resolved = resolve_paths(tree)
+    return cfg if resolved == tree else from_dict(resolved)
+
+
 def _unique(names: Iterable[Any]) -> list[Any]:
     return list(dict.fromkeys(names))
 
@@ -437,10 +557,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, plu
                 resume: bool = False) -> RunConfig:
     """Read a YAML config (or defaults when ``path`` is None), apply dotted overrides, validate.
 
+    Paths written in the file (``data.root``, ``teacher.checkpoint``, ...) are relative to its folder
+    (:func:`resolve_paths`); paths in ``overrides`` to the working directory.
+
     ``plugins`` (``--plugin``, ``TEACHKIT_PLUGINS``) are added to the config's ``plugins:``; with ``resume``
     the run folder's recorded plugins are added too, so a resumed run imports what it was made with: those are
     read from disk, so each must be named in this command as well or trusted (``--trust-code``)."""
-    data = read_yaml(path) if path is not None else {}
+    data = resolve_paths(read_yaml(path), Path(path).parent) if path is not None else {}
     data = merge(data, parse_overrides(overrides or []))
     given = data.get("plugins")
     if isinstance(given, list) or given is None:

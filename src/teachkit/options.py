@@ -32,12 +32,25 @@ _RULES = {"gt": (lambda v, b: v > b, ">"), "ge": (lambda v, b: v >= b, ">="),
 
 
 def option(default: Any = dataclasses.MISSING, *, factory: Any = None, gt: float | None = None,
-           ge: float | None = None, lt: float | None = None, le: float | None = None) -> Any:
-    """A dataclass field with range rules: ``lr: float = option(0.1, gt=0.0)``."""
-    rules = {k: v for k, v in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le)) if v is not None}
+           ge: float | None = None, lt: float | None = None, le: float | None = None, path: bool = False) -> Any:
+    """A dataclass field with range rules: ``lr: float = option(0.1, gt=0.0)``. ``path=True`` declares a
+    file or folder path (``root: str | None = option(None, path=True)``): written in a config or sweep file it is
+    relative to that file's folder, and the run's ``config.yaml`` records it absolute (:func:`is_path`)."""
+    rules: dict[str, Any] = {k: v for k, v in (("gt", gt), ("ge", ge), ("lt", lt), ("le", le)) if v is not None}
+    if path:
+        rules[PATH] = True
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=rules)
     return dataclasses.field(default=default, metadata=rules)
+
+
+#: the field metadata key marking a path option (:func:`option` ``path=True``)
+PATH = "path"
+
+
+def is_path(f: dataclasses.Field) -> bool:
+    """Whether the dataclass field ``f`` was declared a path (``option(..., path=True)``)."""
+    return bool(f.metadata.get(PATH))
 
 
 def join(prefix: str, name: str) -> str:
@@ -109,7 +122,7 @@ class Options:
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             key = join(prefix, f.name)
             value = coerce(getattr(self, f.name), hints[f.name], key)
-            check_range(value, dict(f.metadata), key)
+            check_range(value, {r: b for r, b in f.metadata.items() if r in _RULES}, key)
             object.__setattr__(self, f.name, value)
         self.validate()
 

@@ -1,7 +1,7 @@
 """Neutral types every layer shares: batches, taps, training progress, step outputs, evaluators.
 
 Nothing here knows about datasets, models, losses or the engine: this module imports only torch, so
-every layer may import it (the layer order is in the README's "Design" section).
+every layer may import it (the layer order is in docs/design.md).
 
 - :class:`Batch`: ``x`` is a tensor or a mapping of tensors (token ids, masks, decoder inputs), ``y``
   any target (class ids, floats, start/end positions, token sequences), ``index`` each sample's
@@ -160,8 +160,9 @@ class Evaluator:
     """
 
     primary: str = "acc"
-    #: what a training sample is, for throughput on the progress line (``img/s``; translation: ``sent/s``)
-    sample_unit: str = "img"
+    #: what a training sample is, for throughput on the progress line (translation: ``sent/s``; GLUE: ``seq/s``);
+    #: None: by the inputs (``img`` for image batches, ``seq`` for token or 1-D sequences, ``row`` for table rows)
+    sample_unit: str | None = None
 
     def metric_names(self) -> tuple[str, ...]:
         """The metrics :meth:`evaluate` reports for every split."""

@@ -3,6 +3,8 @@ student subset per seed, val/test fixed, and the table says what its intervals c
 
 import json
 
+import pytest
+
 from teachkit.experiments.demo import run_demo
 
 
@@ -69,3 +71,37 @@ def test_demo_as_a_sweep_gives_the_demo_numbers(tmp_path):
         ours = [json.loads((sweep.plan.folder / f"{label},seed={seed}" / "summary.json").read_text())["test_acc"]
                 for seed in range(s.seeds)]
         assert ours == results["students"][key]["test_acc"], label
+
+
+def test_demo_bar_plot_starts_at_zero_with_the_legend_clear_of_the_bars():
+    """The bar plot's function on hand-made results (accuracies near 84-90: a y axis from ~83.5 would make the
+    gaps look several times larger)."""
+    pytest.importorskip("matplotlib")
+    from teachkit.experiments.stats import pyplot
+    from teachkit.experiments.teacher_study import bar_figure
+
+    students = {"none": {"test_acc": [84.0, 85.0]}, "kd/ce": {"test_acc": [88.0, 89.0]},
+                "kd/mse": {"test_acc": [89.5, 90.5]}}
+    results = {"methods": ["kd"], "students": students, "dataset": "digits", "student_model": "mlp",
+               "student_train_size": 200}
+    plt = pyplot()
+    fig = bar_figure(plt, results)
+    (ax,) = fig.axes
+    low, high = ax.get_ylim()
+    assert low == 0 and high >= 90.5
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == [84.5, 88.5, 90.0]  # the means, drawn from 0
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["no KD", "CE teacher", "MSE teacher"]
+    assert legend.x0 >= ax.get_window_extent().x1  # right of the axes: it covers no bar
+    plt.close(fig)
+
+
+def test_demo_help_gives_no_measured_times(capsys):
+    from teachkit.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "times: see README (measured)" in text and " min" not in text

@@ -240,3 +240,46 @@ def test_write_report_writes_tables_and_plots(tmp_path: Path, capsys: pytest.Cap
     paths = write_report(report, tmp_path / "bare", plots=False)
     assert [p.name for p in paths] == ["report.md", "report.csv"]
     assert (tmp_path / "bare" / "report.csv").read_text() == report.to_csv()
+
+
+def test_default_rows_name_their_runs_and_equal_keys_go_above_the_table(tmp_path: Path) -> None:
+    report = build_report(sweep_grid(tmp_path))
+    lines = report.markdown_table().splitlines()
+    assert lines[0].startswith("| run | method | n |")
+    assert lines[2].startswith("| kd-seed0, kd-seed1, kd-seed2 | kd | 3 |")
+    table = list(csv.DictReader(io.StringIO(report.to_csv())))
+    assert table[1]["run"] == "none-seed0;none-seed1;none-seed2" and table[1]["method"] == "none"
+    chosen = build_report(tmp_path, by=["method", "data.name"])  # data.name is mnist in every run
+    lines = chosen.markdown_table().splitlines()
+    assert lines[:2] == ["all runs: data.name=mnist", ""]
+    assert lines[2].startswith("| method | n |") and "run" not in lines[2]
+    assert [r["data.name"] for r in csv.DictReader(io.StringIO(chosen.to_csv()))] == ["mnist", "mnist"]
+
+
+def test_a_mixed_folder_gives_one_settings_column(tmp_path: Path) -> None:
+    changes = {"a": {}, "b": {"kd": {"alpha": 0.5}}, "c": {"optim": {"lr": 0.2}, "model": {"name": "lenet"}},
+               "d": {"train": {"epochs": 4}, "data": {"train_subset": 50, "name": "digits"},
+                     "kd": {"method": "dist"}, "optim": {"lr": 0.1, "momentum": 0.5}}}
+    for name, config in changes.items():
+        make_run(tmp_path / "mixed" / name, last=80.0, best=80.0, config={"optim": {"lr": 0.1}, **config})
+    report = build_report(tmp_path)
+    assert len(report.by) == 8  # more varying keys than MAX_KEY_COLUMNS (6)
+    lines = report.markdown_table().splitlines()
+    usual = "usual values (the settings column lists a row's others): "
+    assert lines[0].startswith(usual) and "kd.alpha=0.9" in lines[0] and "optim.lr=0.1" in lines[0]
+    assert lines[2].split(" | ")[:3] == ["| run", "settings", "n"] and len(lines[2].split(" | ")) == 7
+    cells = {line.split(" | ")[0][2:]: set(line.split(" | ")[1].split(", ")) for line in lines[4:]}
+    assert cells == {"mixed/a": {"usual"}, "mixed/b": {"kd.alpha=0.5"}, "mixed/c": {"model.name=lenet", "optim.lr=0.2"},
+                     "mixed/d": {"data.name=digits", "data.train_subset=50", "kd.method=dist", "optim.momentum=0.5",
+                                 "train.epochs=4"}}
+    header = next(csv.reader(io.StringIO(report.to_csv())))
+    assert header[0] == "run" and set(report.by) <= set(header)  # the CSV keeps one column per key
+
+
+def test_report_help_documents_by(capsys: pytest.CaptureFixture[str]) -> None:
+    from teachkit.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "e.g. --by kd.method teacher.loss" in text and "mean +- sample std" in text and "95% t interval" in text

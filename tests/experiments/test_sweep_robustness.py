@@ -105,6 +105,79 @@ def test_ray_address_forms_and_bounded_connect():
         connect_ray(Refuses, "auto")
 
 
+class FakeRay:
+    """A stand-in for the ``ray`` module: a local cluster of ``num_cpus`` CPUs whose tasks end at once, failed
+    (exit 1, nothing run); it counts the tasks in flight, as Ray would run them."""
+
+    def __init__(self, gpus: float = 0.0) -> None:
+        self.cpus, self.gpus, self.in_flight, self.most = 0.0, gpus, set(), 0
+
+    def is_initialized(self) -> bool:
+        return self.cpus > 0
+
+    def init(self, num_cpus: int, **kwargs) -> None:
+        self.cpus = float(num_cpus)
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": self.cpus, **({"GPU": self.gpus} if self.gpus else {})}
+
+    def remote(self, function):
+        fake = self
+
+        class Task:
+            def options(self, **kwargs):
+                return self
+
+            def remote(self, *args) -> object:
+                ref = object()
+                fake.in_flight.add(ref)
+                fake.most = max(fake.most, len(fake.in_flight))
+                return ref
+
+        return Task()
+
+    def wait(self, refs, num_returns: int, timeout: float):
+        return list(refs), []
+
+    def get(self, ref) -> int:
+        self.in_flight.discard(ref)
+        return 1
+
+    def cancel(self, ref, force: bool = False) -> None:
+        self.in_flight.discard(ref)
+
+    def shutdown(self) -> None:
+        self.cpus = 0.0
+
+
+@pytest.mark.parametrize(("workers", "gpus", "expected"), [(None, 0.0, "3 tasks at a time"),
+                                                           (1, 0.0, "1 task at a time"),
+                                                           (5, 0.0, "3 tasks at a time (--workers 5: the cluster's "
+                                                                    "3 CPU + 0 GPU hold 3)"),
+                                                           (None, 2.0, "2 tasks at a time")],
+                         ids=["cluster-cpus", "one-worker", "workers-capped", "gpus"])
+def test_the_ray_header_names_the_tasks_that_run_at_once(tmp_path, monkeypatch, workers, gpus, expected):
+    """The header's count is the most jobs ever running (status lines) and in flight (Ray), with a 3-CPU cluster."""
+    from teachkit.experiments import sweep_backends
+    from teachkit.experiments.sweep import run_sweep
+
+    ray = FakeRay(gpus)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(sweep_backends, "cpu_count", lambda: 3)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    path = write_sweep(tmp_path, {"sweep": "r", "config": base(tmp_path), "recipe": "train",
+                                  "grid": {"train.seed": [0, 1, 2, 3, 4, 5]}})
+    stream = io.StringIO()
+    result = run_sweep(path, backend="ray", workers=workers or 1, workers_given=workers is not None,
+                       gpus_per_run=1.0 if gpus else 0.0, stream=stream)
+    text = stream.getvalue()
+    header = text.splitlines()[0]
+    assert f"on Ray (a local Ray instance), {expected}, 1 CPU + {1 if gpus else 0} GPU each" in header, header
+    running = [int(line.split(" running")[0].rsplit(" ", 1)[1]) for line in text.splitlines() if " running," in line]
+    shown = int(expected.split(" ")[0])
+    assert max(running) == ray.most == shown and len(result.failed) == 6
+
+
 # ----------------------------------------------------------------------------- failures
 
 

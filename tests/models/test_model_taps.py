@@ -293,6 +293,87 @@ def test_plain_module_without_spec_serves_logit_methods_and_names_what_feature_m
         s_needs, t_needs = needs_of([method])
         s, t = Tapped(student, want=s_needs)(x), Tapped(teacher, want=t_needs)(x)
         assert build_objective(method, s, t, num_classes=5, num_samples=2)
+    assert Tapped(student, want=needs_of(["crd"])[0]).inferred == "1"  # its only nn.Linear: inferred
     with pytest.raises(ConfigError) as e:
-        Tapped(student, want=needs_of(["crd"])[0])
-    assert str(e.value) == "model Sequential has no 'embedding' tap; name its module path in model.taps.embedding"
+        Tapped(nn.Sequential(nn.Flatten(), nn.Identity()), want=needs_of(["crd"])[0])
+    assert str(e.value) == ("model Sequential has no 'embedding' tap (it has no nn.Linear to infer it from); name its "
+                            "module path in model.taps.embedding")
+
+
+class HeadFirst(nn.Module):
+    """An MLP whose classifier ``head`` is declared before ``body``: its last nn.Linear in module order is not
+    the output layer, so the embedding tap cannot be inferred."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(6, 3)
+        self.body = nn.Linear(4, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(x)))
+
+
+class Scaled(nn.Module):
+    """The last nn.Linear's output is rescaled before it is returned: not the logits themselves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * 2.0
+
+
+def test_embedding_is_inferred_as_the_input_of_the_last_linear() -> None:
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    x = torch.randn(2, 4)
+    tapped = Tapped(net, want=("logits", "embedding"), side="student")
+    taps = tapped(x)
+    assert tapped.inferred == "3" and tapped.spec.embedding == "3"
+    assert torch.equal(taps.embedding, torch.relu(net[1](x)))  # the penultimate feature, by hand
+    assert torch.equal(taps.logits, net(x))
+    assert Tapped(net, want=("logits",)).inferred is None  # only when the embedding is wanted
+    assert Tapped(net, TapSpec(embedding="3"), want=("embedding",)).inferred is None  # named: never inferred
+
+
+def test_teacher_taps_update_the_recorded_spec() -> None:
+    recorded = TapSpec(stages=("body",), extra={"a": ("body", "output")})
+    updated = recorded.updated({"embedding": "head", "extra": {"b": "head:input"}})
+    assert updated == TapSpec("head", ("body",), (), {"a": ("body", "output"), "b": ("head", "input")})
+    model = HeadFirst()
+    model.tap_spec = updated
+    x = torch.randn(2, 4)
+    taps = Tapped(model, want=("embedding",), side="teacher")(x)
+    assert torch.equal(taps.embedding, torch.relu(model.body(x)))
+    with pytest.raises(ConfigError, match=r"^unknown key teacher.taps.embeding \(did you mean 'embedding'\?\)"):
+        recorded.updated({"embeding": "head"})
+
+
+SIDES = [("student", "model.taps"), ("teacher", "teacher.taps")]
+
+
+@pytest.mark.parametrize("side, key", SIDES)
+@pytest.mark.parametrize("make, spec, want, message", [
+    (lambda: nn.Sequential(nn.Flatten(), nn.Identity()), None, ("embedding",),
+     "{side} model Sequential has no 'embedding' tap (it has no nn.Linear to infer it from); name its module path "
+     "in {key}.embedding"),
+    (HeadFirst, None, ("embedding",),
+     "{side} model HeadFirst has no 'embedding' tap and it cannot be inferred: its last nn.Linear 'body' does not "
+     "output the logits; name the classifier's module path in {key}.embedding (nn.Linear modules: 'head', 'body')"),
+    (Scaled, None, ("embedding",),
+     "{side} model Scaled has no 'embedding' tap and it cannot be inferred: its last nn.Linear 'fc' does not output "
+     "the logits; name the classifier's module path in {key}.embedding (nn.Linear modules: 'fc')"),
+    (HeadFirst, None, ("stages",), "{side} model HeadFirst has no 'stages' tap; name its module path in {key}.stages"),
+    (HeadFirst, TapSpec(embedding="haed"), ("embedding",),
+     "{side} model HeadFirst has no module 'haed' for tap 'embedding' ({key}.embedding) (did you mean 'head'?)"),
+    (HeadFirst, TapSpec(embedding="body"), ("embedding",),
+     "{key}.embedding='body' of the {side} model HeadFirst is not its classifier: its output has shape (2, 6), the "
+     "logits (2, 3); name the module that maps the penultimate feature to the logits (e.g. 'fc' or 'head')"),
+    (HeadFirst, None, ("feat",),
+     "{side} model HeadFirst has no tap 'feat': declare it as {key}.extra.feat=<module path>[:input] or return it as "
+     "a field of the model's output"),
+])
+def test_every_tap_error_names_the_side(side, key, make, spec, want, message) -> None:
+    with pytest.raises(ConfigError) as e:
+        Tapped(make(), spec, want=want, side=side)(torch.randn(2, 4))
+    assert str(e.value) == message.format(side=side, key=key)

@@ -61,6 +61,10 @@ class Splits:
     #: one-line warnings about the data (:attr:`~teachkit.data.raw.RawDataset.warnings`, one class): a run
     #: prints each (not under ``--quiet``) and keeps it in its summary's ``warnings`` and ``data_notes``
     warnings: tuple[str, ...] = ()
+    #: the label name of each class id when the source knows them (:attr:`RawDataset.class_names`)
+    class_names: tuple[str, ...] | None = None
+    #: the input feature names in column order when the source knows them (a table's feature columns)
+    feature_names: tuple[str, ...] | None = None
 
     def eval_splits(self) -> dict[str, TensorSplit]:
         """The splits evaluators measure: ``val``, ``test`` and the ``extra_test`` ones."""

@@ -19,7 +19,8 @@ class DataConfig(Options):
     carving), batched and augmented."""
 
     name: str = "digits"
-    root: str | None = None
+    #: the dataset's file or folder (a path: relative to the config file that writes it, see ``option(path=True)``)
+    root: str | None = option(None, path=True)
     val_fraction: float = option(0.1, gt=0.0, lt=1.0)
     split_seed: int = 0
     train_subset: int | None = None

@@ -63,21 +63,28 @@ def list_images(folder: Path) -> dict[str, list[Path]]:
     return found
 
 
-def decode(path: Path, size: int, channels: int, image_module: Any) -> np.ndarray:
-    """One image as uint8 (channels, size, size): converted, shorter side resized to ``size``, centre-cropped."""
+def fit_image(img: Any, size: int, channels: int, image_module: Any) -> np.ndarray:
+    """An open PIL image as uint8 (channels, size, size): converted, shorter side resized to ``size``,
+    centre-cropped (what training and prediction both apply)."""
+    img = img.convert("RGB" if channels == 3 else "L")
+    w, h = img.size
+    scale = size / min(w, h)
+    nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+    img = img.resize((nw, nh), image_module.Resampling.BILINEAR)
+    left, top = (nw - size) // 2, (nh - size) // 2
+    img = img.crop((left, top, left + size, top + size))
+    arr = np.asarray(img, dtype=np.uint8)
+    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+
+
+def decode(path: Path, size: int, channels: int, image_module: Any, who: str = f"dataset {NAME!r}") -> np.ndarray:
+    """One image file as uint8 (channels, size, size) (:func:`fit_image`); DataError naming it when it cannot
+    be decoded."""
     try:
         with image_module.open(path) as img:
-            img = img.convert("RGB" if channels == 3 else "L")
-            w, h = img.size
-            scale = size / min(w, h)
-            nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-            img = img.resize((nw, nh), image_module.Resampling.BILINEAR)
-            left, top = (nw - size) // 2, (nh - size) // 2
-            img = img.crop((left, top, left + size, top + size))
-            arr = np.asarray(img, dtype=np.uint8)
+            return fit_image(img, size, channels, image_module)
     except (OSError, ValueError, SyntaxError, image_module.DecompressionBombError) as e:
-        raise DataError(f"dataset {NAME!r}: cannot decode image {str(path)!r}: {e}") from None
-    return arr[None] if arr.ndim == 2 else arr.transpose(2, 0, 1)
+        raise DataError(f"{who}: cannot decode image {str(path)!r}: {e}") from None
 
 
 def memory_budget() -> tuple[int, str]:
@@ -150,4 +157,4 @@ def image_folder(root: str | None = None, size: int = 32, channels: int = 3) -> 
     tx, ty = data.get("test", (None, None))
     vx, vy = data.get("val", (None, None))
     return RawDataset(data["train"][0], data["train"][1], tx, ty, num_classes=len(names), name=NAME,
-                      val_x=vx, val_y=vy)
+                      val_x=vx, val_y=vy, class_names=tuple(names))

@@ -68,6 +68,11 @@ class RawDataset:
     #: one-line warnings about legitimate but suspicious data (pairs skipped, one class): a run prints each
     #: once (not under ``--quiet``) and keeps it in its summary's ``warnings`` and ``data_notes``
     warnings: list[str] = field(default_factory=list)
+    #: the label name of each class id (a table's label strings, an image folder's class folders); ``None``
+    #: when the source does not know them (class ``i`` is then ``str(i)``)
+    class_names: tuple[str, ...] | None = None
+    #: the names of the input features in column order (a table's feature columns); ``None`` otherwise
+    feature_names: tuple[str, ...] | None = None
 
     def parts(self) -> list[tuple[str, Tensor, Tensor]]:
         """(name, x, y) of each split the source gives: train, then val and test when present."""

@@ -260,6 +260,7 @@ def splits_for(cfg: DataConfig) -> Splits:
     name, val_fraction, train_subset = cfg.name, cfg.val_fraction, cfg.train_subset
     raw = load_raw(name, cfg.root, cfg.options)
     k, default_augment, task = raw.num_classes, raw.default_augment, raw.task
+    class_names, feature_names = raw.class_names, raw.feature_names
     regression = is_regression(task) or task in SPAN_TASKS or task in SEQUENCE_TASKS  # no classes to stratify by
     g = torch.Generator().manual_seed(cfg.split_seed)
 
@@ -329,7 +330,7 @@ def splits_for(cfg: DataConfig) -> Splits:
     return Splits(name, finish(train, "train"), finish(val, "val"), finish(test, "test"), num_classes=k,
                   default_augment=default_augment, task=task, mean=mean, std=std,
                   omitted=tuple(sorted(set(cfg.omit_classes))), config=cfg, extra_test=extra,
-                  warnings=tuple(dict.fromkeys(notes)))
+                  warnings=tuple(dict.fromkeys(notes)), class_names=class_names, feature_names=feature_names)
 
 
 def one_class_warning(name: str, y: Tensor) -> list[str]:

@@ -172,7 +172,7 @@ def load_table(dataset: str, root: str | None, reader: Reader, what: str, train:
     names = feature_names(dataset, path, tables["train"][1], labels, chosen, pd)
     parts = {part: frame_arrays(dataset, where, frame, labels, names, task, pd)
              for part, (where, frame) in tables.items()}
-    return assemble(dataset, parts, task)
+    return assemble(dataset, parts, task, feature_names=[str(c) for c in names])
 
 
 def _reader(dataset: str, read: Callable[[Path], Any], errors: tuple[type[BaseException], ...]) -> Reader:

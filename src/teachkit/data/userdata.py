@@ -196,9 +196,10 @@ def regression_targets(dataset: str, labels: dict[str, np.ndarray]) -> tuple[dic
 
 
 def assemble(dataset: str, parts: dict[str, tuple[np.ndarray, np.ndarray]], task: str,
-             default_augment: str = "none") -> RawDataset:
+             default_augment: str = "none", feature_names: list[str] | None = None) -> RawDataset:
     """The RawDataset of per-split (inputs, labels) arrays; ``parts`` holds ``train`` and optionally ``val``,
-    ``test``. Inputs become float32, labels class ids or regression targets (module docstring)."""
+    ``test``. Inputs become float32, labels class ids or regression targets (module docstring); the class names
+    and ``feature_names`` (a table's feature columns) are recorded for predictors."""
     xs: dict[str, torch.Tensor] = {}
     for part, (x, y) in parts.items():
         for what, a in (("inputs", x), ("labels", y)):
@@ -211,14 +212,23 @@ def assemble(dataset: str, parts: dict[str, tuple[np.ndarray, np.ndarray]], task
             raise DataError(f"dataset {dataset!r}: {part} has {len(x)} inputs but {len(y)} labels")
         xs[part] = features_tensor(dataset, part, x)
     labels = {part: y for part, (_, y) in parts.items()}
+    names: list[str] | None = None
     if task == REGRESSION:
         ys, k = regression_targets(dataset, labels)
     else:
-        ys, k, _ = class_targets(dataset, labels)
+        ys, k, names = class_targets(dataset, labels)
     for part in ("val", "test"):
         if part in xs and xs[part].shape[1:] != xs["train"].shape[1:]:
             raise DataError(f"dataset {dataset!r}: {part} inputs have shape {tuple(xs[part].shape[1:])} per sample, "
                             f"train {tuple(xs['train'].shape[1:])}")
     return RawDataset(xs["train"], ys["train"], xs.get("test"), ys.get("test"), num_classes=k,
                       default_augment=default_augment, task=task, name=dataset, val_x=xs.get("val"),
-                      val_y=ys.get("val"))
+                      val_y=ys.get("val"), class_names=_label_names(names, k),
+                      feature_names=tuple(feature_names) if feature_names else None)
+
+
+def _label_names(names: list[str] | None, k: int) -> tuple[str, ...] | None:
+    """The class names worth recording: ``None`` when the labels were the class ids themselves (0..k-1)."""
+    if not names or names == [str(c) for c in range(k)]:
+        return None
+    return tuple(names)

@@ -24,7 +24,9 @@ previous checkpoint stays valid. Resuming with more ``loop.epochs`` than the che
 the run (the learning-rate schedule of the remaining epochs follows the new length).
 
 Output: with ``loop.progress`` a per-epoch line goes to stdout, and a progress bar to stderr only when stderr
-is a terminal (no bar redraws in nohup, SLURM or CI logs); ``progress=False`` silences both, and
+is a terminal (no bar redraws in nohup, SLURM or CI logs); elsewhere a heartbeat line (step k/N, running loss,
+throughput in the evaluator's unit) goes to stdout at most once per ``heartbeat_s`` seconds (60) within an epoch,
+so a long epoch shows a sign of life in a log; ``progress=False`` silences all of them, and
 warnings (:meth:`Trainer.warn`) are then only kept for the summary.
 
 Host syncs: one per step, the NaN guard reading the loss (the progress bar's running values travel in
@@ -239,6 +241,18 @@ def flat_metrics(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
     return {f"{prefix}_{k}": v for k, v in metrics.items()}
 
 
+#: outside a terminal, at most one heartbeat line per this many seconds within an epoch
+HEARTBEAT_S = 60.0
+
+
+def input_unit(x: Any) -> str:
+    """The throughput unit of a batch's inputs: ``img`` (N, C, H, W), ``seq`` (token columns or (N, C, L)),
+    ``row`` (N, features)."""
+    if not isinstance(x, Tensor):
+        return "seq"
+    return {2: "row", 3: "seq"}.get(x.dim(), "img")
+
+
 def bars_visible() -> bool:
     """Whether progress bars are drawn: in a notebook, or when stderr is a terminal (not nohup, SLURM, CI)."""
     if any(c.__module__ == "tqdm.notebook" for c in tqdm.__mro__):  # tqdm.auto picked the notebook widget
@@ -265,7 +279,8 @@ class Trainer:
     def __init__(self, modules: nn.Module | Mapping[str, nn.Module], step_fn: StepFn, batches: BatchSource,
                  optim: OptimConfig, evaluator: Evaluator, run_dir: str | Path, *, loop: LoopConfig,
                  callbacks: Sequence[Callback] = (), meta: dict[str, Any] | None = None, resume: bool = False,
-                 desc: str = "train", frozen: Mapping[str, nn.Module] | None = None) -> None:
+                 desc: str = "train", frozen: Mapping[str, nn.Module] | None = None,
+                 heartbeat_s: float | None = None) -> None:
         self.modules = dict(modules) if isinstance(modules, Mapping) else {"model": modules}
         #: modules the step uses but never trains (the frozen teacher): same layout and compilation, no
         #: optimiser, no checkpoint, never wrapped for data parallelism
@@ -275,6 +290,10 @@ class Trainer:
         self.model = next(iter(self.modules.values()))
         self.step_fn, self.batches, self.optim_cfg, self.evaluator = step_fn, batches, optim, evaluator
         self.loop, self.callbacks, self.desc = loop, list(callbacks), desc
+        #: outside a terminal, the seconds between two heartbeat lines within an epoch (default HEARTBEAT_S)
+        self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+        #: throughput unit (``img``, ``seq``, ``sent``...): the evaluator's, else by the first batch's inputs
+        self.unit = evaluator.sample_unit
         self.run_dir = Path(run_dir)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -477,12 +496,16 @@ class Trainer:
         lr = oc.lr
         t_epoch = time.perf_counter()
         show = loop.progress and bars_visible() and self.main
+        beat = loop.progress and self.main and not show  # in a log: heartbeat lines instead of the bar
+        last_beat = t_epoch
         bar = tqdm(self.batches.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{loop.epochs}",
                    disable=not show, leave=False, dynamic_ncols=True)
         for step, batch in enumerate(bar):
             if self.channels_last and isinstance(batch.x, Tensor) and batch.x.dim() == 4:
                 batch = batch.map_x(batch_channels_last)
             progress = Progress(epoch, step, loop.epochs, self.steps)
+            if self.unit is None:
+                self.unit = input_unit(batch.x)
             lr = oc.lr * lr_factor(oc, epoch, step, self.steps, loop.epochs)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -543,8 +566,11 @@ class Trainer:
                 post = {"loss": f"{host[1] / seen:.4f}"}
                 if shown:
                     post["acc"] = f"{host[2] / seen:.1f}"
-                post[f"{self.evaluator.sample_unit}_s"] = f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}"
+                post[f"{self.unit}_s"] = f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}"
                 bar.set_postfix(post)
+            elif beat and step + 1 < self.steps and time.perf_counter() - last_beat >= self.heartbeat_s:
+                last_beat = time.perf_counter()
+                tqdm.write(self._heartbeat_line(epoch, step, seen, sums, last_beat - t_epoch))
         bar.close()
         epoch_time = time.perf_counter() - t_epoch
         self.train_time += epoch_time
@@ -664,7 +690,13 @@ class Trainer:
             if m in r.get(split, {}):
                 value = self.evaluator.format(m, r[split][m])
                 parts.append(f"{split} {value}" if m == "acc" else f"{split} {m} {value}")
-        return "  ".join(parts) + f"  ({r['images_per_s']:.0f} {self.evaluator.sample_unit}/s)"
+        return "  ".join(parts) + f"  ({r['images_per_s']:.0f} {self.unit or 'sample'}/s)"
+
+    def _heartbeat_line(self, epoch: int, step: int, seen: int, sums: Mapping[str, Tensor], elapsed: float) -> str:
+        """``desc epoch 2/10  step 300/1000  loss 0.4127  (812 img/s)``: the epoch so far (one host read)."""
+        loss = float(sums["train.loss"]) / max(1, seen) if "train.loss" in sums else float("nan")
+        return (f"{self.desc} epoch {epoch + 1}/{self.loop.epochs}  step {step + 1}/{self.steps}  loss {loss:.4f}  "
+                f"({seen / max(1e-9, elapsed):.0f} {self.unit}/s)")
 
     def _warn_collapse(self, last: dict[str, Any], best: dict[str, Any]) -> None:
         """Warn when the last epoch's selection metric is far worse than the best epoch's (a collapse that
@@ -713,6 +745,7 @@ class Trainer:
             **{k: v for split in ("val", "test") for k, v in flat_metrics(split, last.get(split, {})).items()},
             "wall_time_s": wall,
             "images_per_s": self.samples_seen / self.train_time if self.train_time else nan,
+            "sample_unit": self.unit or "sample",  # what images_per_s counts (img, seq, sent, row)
             "precision": self.precision.name,
             "channels_last": self.channels_last,
             "compiled": list(self.compiled),

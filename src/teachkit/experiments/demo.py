@@ -3,7 +3,7 @@
 The protocol of :mod:`teachkit.experiments.teacher_study` with Hinton KD alone, on embedded data
 (no downloads): every seed trains its own CE and MSE teachers and draws its own student subset, so the
 intervals cover teacher, subset and student-initialisation variation. The teachers dominate the cost, so
-their epochs are few: the default (mnist5k) runs in about 2-2.5 minutes on 2 CPU cores.
+their epochs are few; times: see README (measured).
 """
 
 from __future__ import annotations

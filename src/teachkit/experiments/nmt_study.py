@@ -24,11 +24,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
 from teachkit.experiments.paired import paired_seed_runs, plot_epoch_bands, publish
+from teachkit.experiments.progress import RunsProgress
 from teachkit.experiments.stats import fmt_interval, fmt_mean_std, paired_interval
 from teachkit.recipes import RECIPES, distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
@@ -107,19 +106,19 @@ def run_nmt_study(s: NMTSetting, out: str | Path, seeds: int | None = None, titl
           f"{len(splits.test)} pairs; {n_seeds} seeds x "
           f"{len(METHODS)} methods -> {out_dir}")
     print(f"intervals cover: {INTERVAL_COVERS}")
-    bar = tqdm(total=1 + n_seeds * len(METHODS), desc="runs", dynamic_ncols=True)
+    bar = RunsProgress(1 + n_seeds * len(METHODS))
     teacher_dir = out_dir / "teacher"
     teacher = train_model(with_changes(cfg, name="teacher", model=cfg.teacher.model, optim=cfg.teacher.optim,
                                        train={"epochs": s.teacher_epochs},
                                        data={"batch_size": s.teacher_batch_size}),
                           splits=full, run_dir=teacher_dir).summary
-    bar.update(1)
+    bar.done("teacher", teacher)
     runs, histories = paired_seed_runs(
         with_changes(cfg, teacher={"checkpoint": str(teacher_dir)}),
         {"no-kd": lambda c, d: train_model(c, splits=splits, run_dir=d),
          "word-kd": lambda c, d: distill(c, splits=splits, run_dir=d),
          "seq-kd": lambda c, d: RECIPES.get("seqkd")(c, splits=splits, run_dir=d)},
-        n_seeds, out_dir, "bleu", lambda: bar.update(1))
+        n_seeds, out_dir, "bleu", bar.done)
     bar.close()
     results = summarize(s, n_seeds, teacher, runs, histories, time.perf_counter() - t0,
                         {"teacher_train": len(full.train), "train": len(splits.train), "val": len(splits.val),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from teachkit.config import RunConfig
-from teachkit.experiments.stats import pyplot
+from teachkit.experiments.stats import legend_outside, pyplot, quiet_plotting, save_figure
 from teachkit.recipes.common import RunResult, with_changes
 
 #: ``run(config, run_dir) -> RunResult``: how one method trains a student
@@ -21,11 +21,11 @@ MethodRun = Callable[[RunConfig, Path], RunResult]
 
 
 def paired_seed_runs(base: RunConfig, methods: Mapping[str, MethodRun], seeds: int, out_dir: Path, metric: str,
-                     advance: Callable[[], Any] = lambda: None) -> tuple[dict[str, list[dict]],
-                                                                         dict[str, list[list[float]]]]:
+                     advance: Callable[[str, dict], Any] = lambda name, summary: None
+                     ) -> tuple[dict[str, list[dict]], dict[str, list[list[float]]]]:
     """For each seed s in ``range(seeds)`` and each method: ``train.seed=s``, run name ``seed{s}-{method}``, run
     folder ``out_dir/seed{s}/{method}``. Returns the runs' summaries and their per-epoch validation ``metric``,
-    by method in seed order; ``advance()`` is called after each run (a progress bar)."""
+    by method in seed order; ``advance(name, summary)`` is called after each run (the progress)."""
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     curves: dict[str, list[list[float]]] = {m: [] for m in methods}
     for seed in range(seeds):
@@ -34,7 +34,7 @@ def paired_seed_runs(base: RunConfig, methods: Mapping[str, MethodRun], seeds: i
             result = run(with_changes(student, name=f"seed{seed}-{method}"), out_dir / f"seed{seed}" / method)
             runs[method].append(result.summary)
             curves[method].append([r["val"][metric] for r in result.history])
-            advance()
+            advance(f"seed{seed}-{method}", result.summary)
     return runs, curves
 
 
@@ -46,7 +46,16 @@ def plot_epoch_bands(curves: Mapping[str, list[list[float]]], labels: Mapping[st
     plt = pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    with quiet_plotting():
+        return save_figure(plt, _bands_figure(plt, curves, labels, colors, ylabel, title, reference, reference_label),
+                           path)
+
+
+def _bands_figure(plt: Any, curves: Mapping[str, list[list[float]]], labels: Mapping[str, str],
+                  colors: Mapping[str, str], ylabel: str, title: str, reference: float | None,
+                  reference_label: str) -> Any:
+    """The figure :func:`plot_epoch_bands` saves; its legend right of the axes, clear of the curves."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), layout="constrained")
     for method, runs in curves.items():
         epochs = range(1, len(runs[0]) + 1)
         columns = list(zip(*runs, strict=True))
@@ -58,11 +67,8 @@ def plot_epoch_bands(curves: Mapping[str, list[list[float]]], labels: Mapping[st
     ax.set_xlabel("student epoch")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    legend_outside(ax)
+    return fig
 
 
 def publish(results: dict, text: str, out_dir: Path, plot: Callable[[dict, Path], Path | None]) -> dict:

@@ -12,6 +12,10 @@ over its runs, and, against a baseline row, the paired difference with its 95% t
 with the baseline run that has the same value on every varying key that is not a report key (the seed among
 them; a key a run does not have, None, matches anything). Teacher runs (``role: teacher`` in ``sweep.json``,
 or a folder another run's ``teacher.checkpoint`` names) go to a small teachers table unless ``teachers=True``.
+
+The Markdown table stays readable for a folder of mixed runs (:meth:`Report.markdown_table`): a ``run`` column
+names each row's folders when the keys were not chosen, keys equal on every row move to an ``all runs:`` line,
+and more than :data:`MAX_KEY_COLUMNS` varying keys share one ``settings`` column; the CSV keeps every key.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import io
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +48,10 @@ SEED_NAMES = ("seed", "subset_seed", "split_seed")
 FOLLOW_RECIPES = ("prokd", "annealing", "rco")
 SELECTS = ("last", "best")
 SELECT_TEXT = {"last": "test at the last epoch", "best": "test at the best-validation epoch"}
+#: varying report keys shown one column each in the Markdown table; beyond, one ``settings`` column
+MAX_KEY_COLUMNS = 6
+#: run folder names listed in a row's ``run`` cell; beyond, ``+N more``
+MAX_RUN_NAMES = 3
 
 
 def _read_json(path: Path) -> Any:
@@ -405,6 +414,8 @@ class Report:
     teacher_forwards_saved: int = 0
     wall_time_s: float = 0.0
     percent: bool = True
+    #: a ``run`` column first (the rows' run folders, relative to ``root``): the keys were not chosen (``--by``)
+    named: bool = False
 
     @property
     def runs(self) -> list[RunRecord]:
@@ -413,21 +424,21 @@ class Report:
     def _has_published(self) -> bool:
         return any(row.published is not None for row in self.rows)
 
-    def header(self) -> list[str]:
+    def figure_columns(self) -> list[str]:
+        """The table's columns after the run and key columns: counts, figures, diff, published."""
         m = self.metric
-        columns = [*self.by, "n", f"test {m} (last)", f"test {m} (best val)", f"best val {m}", "best epoch"]
+        columns = ["n", f"test {m} (last)", f"test {m} (best val)", f"best val {m}", "best epoch"]
         if self.baseline_row is not None:
             columns += [f"diff vs baseline ({self.select}) [95% CI]", "pairs"]
         if self._has_published():
             columns += ["published", "gap"]
         return columns
 
-    def table_rows(self) -> list[list[str]]:
-        """The Markdown table's cells, row by row."""
+    def figure_cells(self) -> list[list[str]]:
+        """The cells of :meth:`figure_columns`, row by row."""
         out = []
         for row in self.rows:
-            cells = [cell(row.values[k]) for k in self.by] if self.by else []
-            cells += [str(len(row.runs)), _fmt(row.column("last")), _fmt(row.column("best")),
+            cells = [str(len(row.runs)), _fmt(row.column("last")), _fmt(row.column("best")),
                       _num(_mean(row.column("best_val"))), _num(_mean(row.column("best_epoch")), 1)]
             if self.baseline_row is not None:
                 cells += (["baseline", ""] if row is self.baseline_row else
@@ -438,11 +449,40 @@ class Report:
             out.append(cells)
         return out
 
+    def key_layout(self) -> tuple[list[str], list[str], dict[str, str]]:
+        """The report keys split for the Markdown table: those equal on every row (an ``all runs:`` line), those
+        shown as columns, and, beyond :data:`MAX_KEY_COLUMNS`, the usual (most common) value of each key, the
+        ``settings`` column listing a row's other values instead of one column per key."""
+        values = {k: [hashable(row.values[k]) for row in self.rows] for k in self.by}
+        constant = [k for k in self.by if len(set(values[k])) == 1]
+        varying = [k for k in self.by if k not in constant]
+        if len(varying) <= MAX_KEY_COLUMNS:
+            return constant, varying, {}
+        usual = {}
+        for k in varying:
+            common = Counter(values[k]).most_common(1)[0][0]
+            usual[k] = next(cell(row.values[k]) for row in self.rows if hashable(row.values[k]) == common)
+        return constant, [], usual
+
+    def _settings(self, row: ReportRow, usual: dict[str, str]) -> str:
+        return ", ".join(f"{k}={cell(row.values[k])}" for k in usual if cell(row.values[k]) != usual[k]) or "usual"
+
     def markdown_table(self) -> str:
-        header = self.header() if self.by else ["rows", *self.header()]
-        rows = self.table_rows() if self.by else [["all runs", *r] for r in self.table_rows()]
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        """The table, after an ``all runs:`` line naming the keys equal on every row (and, with many varying keys,
+        a ``usual values:`` line the ``settings`` column departs from); the CSV keeps one column per key."""
+        constant, columns, usual = self.key_layout()
+        first = self.rows[0].values if self.rows else {}
+        lines = [f"all runs: {', '.join(f'{k}={cell(first[k])}' for k in constant)}", ""] if constant else []
+        if usual:
+            lines += ["usual values (the settings column lists a row's others): "
+                      + ", ".join(f"{k}={v}" for k, v in usual.items()), ""]
+        header = (["run"] if self.named else []) + columns + (["settings"] if usual else [])
+        header = (header or ["rows"]) + self.figure_columns()
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for row, figures in zip(self.rows, self.figure_cells(), strict=True):
+            cells = ([_run_names(row, self.root)] if self.named else []) + [cell(row.values[k]) for k in columns]
+            cells += [self._settings(row, usual)] if usual else []
+            lines.append("| " + " | ".join((cells or ["all runs"]) + figures) + " |")
         return "\n".join(lines)
 
     def to_markdown(self) -> str:
@@ -491,16 +531,18 @@ class Report:
         return "\n".join(text) + "\n"
 
     def to_csv(self) -> str:
-        """One line per row, plain numbers (empty where there is none), with a header."""
+        """One line per row, plain numbers (empty where there is none), with a header: every report key a column
+        (``run``, the row's folders joined by ``;``, first when the keys were not chosen)."""
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow([*self.by, "n", "test_last_mean", "test_last_std", "test_best_mean", "test_best_std",
-                         "best_val_mean", "best_epoch_mean", "diff", "diff_low", "diff_high", "pairs", "published",
-                         "gap", "wall_time_s_mean"])
+        writer.writerow([*(["run"] if self.named else []), *self.by, "n", "test_last_mean", "test_last_std",
+                         "test_best_mean", "test_best_std", "best_val_mean", "best_epoch_mean", "diff", "diff_low",
+                         "diff_high", "pairs", "published", "gap", "wall_time_s_mean"])
         for row in self.rows:
             last, best = mean_std(row.column("last")), mean_std(row.column("best"))
             diff = row.diff or (float("nan"),) * 3
-            writer.writerow([*(cell(row.values[k]) if row.values[k] is not None else "" for k in self.by),
+            names = [";".join(_where(r, self.root) for r in row.runs)] if self.named else []
+            writer.writerow([*names, *(cell(row.values[k]) if row.values[k] is not None else "" for k in self.by),
                              len(row.runs), *map(_plain, (*last, *best, _mean(row.column("best_val")),
                                                           _mean(row.column("best_epoch")), *diff)),
                              row.pairs if row.diff else "",
@@ -526,6 +568,13 @@ def _where(record: RunRecord, root: Path) -> str:
         return str(record.folder.relative_to(root)) or "."
     except ValueError:
         return str(record.folder)
+
+
+def _run_names(row: ReportRow, root: Path) -> str:
+    """The row's run folders relative to ``root``: the first :data:`MAX_RUN_NAMES`, then ``+N more``."""
+    names = [_where(r, root) for r in row.runs]
+    extra = len(names) - MAX_RUN_NAMES
+    return ", ".join(names[:MAX_RUN_NAMES]) + (f" +{extra} more" if extra > 0 else "")
 
 
 def _epochs_done(record: RunRecord) -> str:
@@ -656,6 +705,7 @@ def build_report(root: Path, by: list[str] | None = None, baseline: str | None =
     metric = _pick_metric(runs, metric)
     candidates = _candidate_keys(runs)
     varying = [k for k in candidates if len({hashable(value_of(r, k)) for r in runs}) > 1]
+    named = by is None
     if by is None:
         by = [k for k in varying if not _is_seed(k)]
     else:
@@ -694,7 +744,8 @@ def build_report(root: Path, by: list[str] | None = None, baseline: str | None =
     percent = all(r.summary.get("select_metric_percent") for r in selecting) if selecting else metric == "acc"
     return Report(root, by, select, metric, rows, pairing, baseline, base,
                   unfinished=[r for r in records if not r.finished], failed=_failed_jobs(root),
-                  teachers=teacher_runs, teacher_forwards_saved=saved, wall_time_s=wall, percent=percent)
+                  teachers=teacher_runs, teacher_forwards_saved=saved, wall_time_s=wall, percent=percent,
+                  named=named)
 
 
 def write_report(report: Report, out: Path | None = None, plots: bool = True) -> list[Path]:

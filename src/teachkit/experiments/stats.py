@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 # Two-sided 95% Student-t critical values t_{0.975, df} for df = 1..30 (standard tables).
@@ -56,13 +59,45 @@ def fmt_interval(triple: Sequence[float] | None) -> str:
     return f"{m:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
+#: the widest a figure is drawn (inches); legends go outside the axes, so the saved image is a little wider
+MAX_FIGURE_WIDTH_IN = 10.0
+
+
+@contextmanager
+def quiet_plotting() -> Iterator[None]:
+    """Library warnings (layout, fonts, deprecations) kept out of the output while a figure is drawn and saved."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def legend_outside(ax: Any, **options: Any) -> Any:
+    """The axes' legend in one column right of the axes, clear of the data (None when nothing is labelled)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return None
+    return ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0,
+                     fontsize="small", frameon=False, **options)
+
+
+def save_figure(plt: Any, fig: Any, path: Path, kind: str | None = None, close: bool = True) -> Path:
+    """Save ``fig`` to ``path`` as ``kind`` (png, svg; default: the suffix's) at 120 dpi, cropped to what is drawn
+    (outside legends included), and close it unless ``close`` is False."""
+    with quiet_plotting():
+        fig.savefig(path, format=kind, dpi=120, bbox_inches="tight")
+    if close:
+        plt.close(fig)
+    return path
+
+
 def pyplot() -> Any | None:
     """matplotlib's pyplot on the file-only Agg backend, or None when matplotlib is not installed."""
     try:
-        import matplotlib
+        with quiet_plotting():
+            import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
     except ImportError:
         return None
     return plt

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from teachkit.config import CORE, dump_yaml, from_dict, to_dict, with_changes
+from teachkit.config import CORE, absolute_paths, dump_yaml, from_dict, path_values, to_dict, with_changes
 from teachkit.engine.checkpoint import atomic_write
 from teachkit.errors import ConfigError, TeachkitError
 from teachkit.experiments.sweep_backends import Backend, make_backend, signal_name
@@ -245,7 +245,7 @@ def _check_folder(plan: Plan, job: Job) -> None:
                           f"{marker.get('run')!r}), not by this sweep {plan.spec.name!r}; choose another out_dir or "
                           f"sweep name")
     try:
-        check_run_dir(job.cfg, folder, resume=True)
+        check_run_dir(absolute_paths(job.cfg), folder, resume=True)  # as the job records it
     except ConfigError as e:
         raise ConfigError(f"sweep run {job.name!r}: {e}") from None
     if _summary_done(folder, job.cfg.train.epochs):
@@ -319,6 +319,37 @@ def plan_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
         folders[key] = job.name
         _check_folder(plan, job)
     return plan
+
+
+def missing_inputs(plan: Plan) -> list[str]:
+    """``key='path' (run NAME[, +k more])`` for every distinct declared path of a job still to run (``data.root``,
+    ``teacher.checkpoint``, ``takd.assistant_checkpoint``, ...) that does not exist and that no job of the plan
+    writes (a shared teacher's folder, another run's)."""
+    written = [j.run_dir.resolve() for j in plan.jobs]
+    users: dict[tuple[str, str], list[str]] = {}
+    for job in plan.jobs:
+        if job.skipped:
+            continue
+        for key, value in path_values(job.cfg):
+            path = Path(os.path.expanduser(value))
+            if path.exists():
+                continue
+            full = path.resolve()
+            if any(full == w or w in full.parents for w in written):
+                continue
+            users.setdefault((key, value), []).append(job.name)
+    return [f"{key}={value!r} (run {names[0]}" + (f", +{len(names) - 1} more)" if len(names) > 1 else ")")
+            for (key, value), names in users.items()]
+
+
+def check_inputs(plan: Plan) -> None:
+    """A one-line ConfigError listing every missing data path and teacher file (:func:`missing_inputs`), before
+    any job starts."""
+    missing = missing_inputs(plan)
+    if missing:
+        raise ConfigError(f"sweep {plan.spec.name}: {len(missing)} input path(s) do not exist, so no run was "
+                          f"started: {'; '.join(missing)} (paths in a config or sweep file are relative to that file's "
+                          "folder, on the command line to the working directory)")
 
 
 def check_cycles(jobs: list[Job]) -> None:
@@ -537,7 +568,8 @@ def _prepare(plan: Plan, job: Job, driver: Path | None = None) -> tuple[list[str
     lock = plan.spec.out_dir / "_locks" / f"{_safe(str(job.run_dir.relative_to(plan.spec.out_dir)))}.lock"
     for folder in (config_file.parent, log.parent, lock.parent, job.run_dir):
         folder.mkdir(parents=True, exist_ok=True)
-    text = dump_yaml(job.cfg)
+    # absolute paths and out_dir: the job reads the file from its own folder, maybe in another working directory
+    text = dump_yaml(with_changes(absolute_paths(job.cfg), out_dir=os.path.abspath(job.cfg.out_dir)))
     atomic_write(config_file, lambda tmp: Path(tmp).write_text(text))
     marker = json.dumps(_marker(plan, job), indent=1, default=str) + "\n"
     atomic_write(job.run_dir / MARKER, lambda tmp: Path(tmp).write_text(marker))
@@ -687,7 +719,10 @@ def run_sweep(path: str | Path, *, workers: int = 1, workers_given: bool = True,
     out = stream or sys.stderr
     if dry_run:
         print(describe_plan(plan), file=sys.stdout)
+        for line in missing_inputs(plan):
+            print(f"teachkit: warning: input path does not exist: {line}", file=out)
         return SweepResult(plan, [])
+    check_inputs(plan)
     plan.folder.mkdir(parents=True, exist_ok=True)
     with chosen:  # connected first (a Ray cluster that does not answer is one line, before anything is printed)
         progress = Progress(plan, backend, chosen.capacity, out, quiet)

@@ -34,6 +34,8 @@ BACKENDS = ("local", "ray")
 #: seconds to wait for a host:port RAY_ADDRESS to accept a connection, then for Ray to connect to it
 PORT_CHECK_S = 5.0
 RAY_CONNECT_S = 30.0
+#: seconds to wait for a connected cluster to report its CPUs
+RESOURCES_WAIT_S = 5.0
 
 
 def thread_env(threads: int) -> dict[str, str]:
@@ -214,8 +216,9 @@ class LocalBackend(Backend):
 
 
 class RayBackend(Backend):
-    """Each job a Ray task requesting ``threads`` CPUs and ``gpus_per_run`` GPUs; at most ``workers`` in flight
-    (default: what the cluster's CPUs hold)."""
+    """Each job a Ray task requesting ``threads`` CPUs and ``gpus_per_run`` GPUs; as many in flight as the
+    cluster's CPUs (and GPUs) hold once connected, at most ``workers``: a task submitted beyond that would wait
+    in Ray's queue while the sweep counted it as running."""
 
     def __init__(self, workers: int | None, threads: int | None, gpus_per_run: float) -> None:
         try:
@@ -227,7 +230,8 @@ class RayBackend(Backend):
         self.threads = threads or 1
         self.gpus = gpus_per_run
         self.workers = workers
-        self.capacity = workers or 1
+        self.capacity = workers or 1  # until connected: then what the cluster holds (:meth:`__enter__`)
+        self._cluster: dict[str, float] | None = None
         self._task: Any = None
         self._why: dict[Any, str] = {}
 
@@ -240,9 +244,9 @@ class RayBackend(Backend):
                 connect_ray(ray, address)
             else:
                 ray.init(num_cpus=max(cpu_count(), self.threads), include_dashboard=False, log_to_driver=False)
-        if self.workers is None:
-            cpus = int(ray.cluster_resources().get("CPU", 1))
-            self.capacity = max(1, cpus // self.threads)
+        self._cluster = cluster_resources(ray)
+        fits = self.fits(self._cluster)
+        self.capacity = fits if self.workers is None else min(self.workers, fits)
         self._task = ray.remote(run_logged).options(num_cpus=self.threads, num_gpus=self.gpus, max_retries=0)
         return self
 
@@ -250,9 +254,24 @@ class RayBackend(Backend):
         if not os.environ.get("RAY_ADDRESS"):
             self.ray.shutdown()
 
+    def fits(self, resources: dict[str, float]) -> int:
+        """Tasks the cluster's ``resources`` run at once: its CPUs over ``threads`` and, when runs request GPUs,
+        its GPUs over ``gpus_per_run`` (at least 1: Ray reports a task nothing can hold)."""
+        fits = int(resources.get("CPU", 0) // self.threads)
+        if self.gpus > 0:
+            fits = min(fits, int(resources.get("GPU", 0) // self.gpus))
+        return max(1, fits)
+
     def describe(self) -> str:
         address = os.environ.get("RAY_ADDRESS") or "a local Ray instance"
-        return f"Ray ({address}), {self.capacity} tasks at a time, {self.threads} CPU + {self.gpus:g} GPU each"
+        each = f"{self.threads} CPU + {self.gpus:g} GPU each"
+        if self._cluster is None:
+            return f"Ray ({address}), as many tasks at a time as the cluster holds, {each}"
+        at = f"{self.capacity} task{'' if self.capacity == 1 else 's'} at a time"
+        if self.workers is not None and self.workers > self.capacity:
+            cpus, gpus = self._cluster.get("CPU", 0), self._cluster.get("GPU", 0)
+            at += f" (--workers {self.workers}: the cluster's {cpus:g} CPU + {gpus:g} GPU hold {self.capacity})"
+        return f"Ray ({address}), {at}, {each}"
 
     def start(self, argv: list[str], log: Path) -> Any:
         return self._task.remote(argv, thread_env(self.threads), str(log))
@@ -281,6 +300,17 @@ class RayBackend(Backend):
                 self.ray.cancel(ref, force=True)
             except Exception:  # noqa: BLE001 - already finished
                 pass
+
+
+def cluster_resources(ray: Any, timeout: float = RESOURCES_WAIT_S) -> dict[str, float]:
+    """The connected cluster's resources (``CPU``, ``GPU``, ...), waited for up to ``timeout`` seconds while it
+    reports no CPU yet (a node still registering): a guess of 1 would run the sweep one task at a time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        resources = dict(ray.cluster_resources())
+        if resources.get("CPU", 0) >= 1 or time.monotonic() >= deadline:
+            return resources
+        time.sleep(0.2)
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

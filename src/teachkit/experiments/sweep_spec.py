@@ -20,6 +20,10 @@ plus ``label`` (its name in run names and reports), ``recipe``, ``base`` (anothe
 ``grid`` (a grid crossed with this entry only). A config string value that is exactly ``${dotted.key}`` is
 replaced by that key's value in the expanded run (``data.subset_seed: ${train.seed}``).
 
+Paths (``data.root``, ``teacher.checkpoint``, any ``option(path=True)`` field): written in a base config, relative
+to that config's folder; written in the sweep file (``config:``, ``grid:``, ``list:``), relative to the sweep
+file's folder; given on the command line, relative to the working directory (:func:`teachkit.config.resolve_path`).
+
 Everything is checked before anything runs: every key against the config schema (with did-you-mean), empty
 grids and lists, keys given twice (grid and a list entry, two axes), duplicate run names; each run's config is
 then validated like ``teachkit run`` validates a file.
@@ -38,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from teachkit.config import CORE, SECTIONS, RunConfig, merge, parse_overrides, read_yaml
+from teachkit.config import CORE, SECTIONS, RunConfig, merge, parse_overrides, read_yaml, resolve_dotted, resolve_paths
 from teachkit.errors import ConfigError
 from teachkit.options import short_repr, type_hints
 from teachkit.registry import closest
@@ -286,13 +290,13 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
         raise ConfigError(f"sweep report: unknown key {short_repr(unknown[0])}; allowed: by, baseline, select, metric")
 
     def base_of(file: Path | None) -> dict:
-        data: dict = read_yaml(file) if file is not None else {}
+        data: dict = resolve_paths(read_yaml(file), file.parent) if file is not None else {}
         if raw.get("plugins"):
             data = merge(data, {"plugins": raw["plugins"]})
         inline = raw.get("config") or {}
         if not isinstance(inline, dict):
             raise ConfigError(f"sweep config must be a mapping of config keys, not {short_repr(inline, 40)}")
-        return merge(merge(data, inline), given)
+        return merge(merge(data, resolve_paths(inline, root)), resolve_paths(given))
 
     base_file = raw.get("base")
     if base_file is not None and not isinstance(base_file, str):
@@ -340,10 +344,10 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
             run_recipe = next((e.recipe for e in combo if e.recipe), None) or chosen.get("recipe") or recipe
             for e in combo:
                 for k, v in e.overrides.items():
-                    _set(tree, k, v)
+                    _set(tree, k, resolve_dotted(k, v, root))
             for k, v in chosen.items():
                 if k != "recipe":
-                    _set(tree, k, v)
+                    _set(tree, k, resolve_dotted(k, v, root))
             parts = [e.label for e in combo]
             parts += [f"{shorts[k]}={_value_text(v)}" for k, v in chosen.items()
                       if len(dict([*inner, *grid])[k]) > 1 or k not in grid_keys]

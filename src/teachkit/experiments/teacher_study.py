@@ -19,12 +19,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from teachkit.config import RunConfig, from_dict
 from teachkit.errors import ConfigError
 from teachkit.experiments.paired import publish
-from teachkit.experiments.stats import fmt_interval, fmt_mean_std, mean_std, paired_interval, pyplot
+from teachkit.experiments.progress import RunsProgress
+from teachkit.experiments.stats import (
+    MAX_FIGURE_WIDTH_IN,
+    fmt_interval,
+    fmt_mean_std,
+    legend_outside,
+    mean_std,
+    paired_interval,
+    pyplot,
+    quiet_plotting,
+    save_figure,
+)
 from teachkit.recipes import distill, train_model
 from teachkit.recipes.common import device_of, load_data, with_changes
 
@@ -95,7 +104,7 @@ def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int |
           f"of {subset}; val {len(teacher_splits.val)}, test {len(teacher_splits.test)}; methods {', '.join(methods)}; "
           f"{n_seeds} seeds; {total} runs -> {out_dir}")
     print(f"intervals cover: {covers}")
-    bar = tqdm(total=total, desc="runs", dynamic_ncols=True)
+    bar = RunsProgress(total)
     teachers: dict[str, list[dict]] = {loss: [] for loss in TEACHER_LOSSES}
     students: dict[str, list[dict]] = {"none": []}
     student_size = 0
@@ -103,13 +112,13 @@ def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int |
         for loss in TEACHER_LOSSES:
             teachers[loss].append(train_model(teacher_config(cfg, s, loss, seed), splits=teacher_splits,
                                               run_dir=out_dir / f"seed{seed}" / f"teacher-{loss}").summary)
-            bar.update(1)
+            bar.done(f"seed{seed}-teacher-{loss}", teachers[loss][-1])
         student = with_changes(cfg, train={"seed": seed}, data={"subset_seed": seed})
         student_splits = load_data(student.data, device)
         student_size = len(student_splits.train)
         students["none"].append(train_model(with_changes(student, name=f"seed{seed}-no-kd"), splits=student_splits,
                                             run_dir=out_dir / f"seed{seed}" / "no-kd").summary)
-        bar.update(1)
+        bar.done(f"seed{seed}-no-kd", students["none"][-1])
         for method in methods:
             for loss in TEACHER_LOSSES:
                 run = with_changes(student, name=f"seed{seed}-{method}-{loss}-teacher",
@@ -120,7 +129,7 @@ def run_study(s: StudySetting, methods: list[str], out: str | Path, seeds: int |
                 folder = out_dir / f"seed{seed}" / f"{method}-{loss}-teacher"
                 students.setdefault(f"{method}/{loss}", []).append(distill(run, splits=student_splits,
                                                                            run_dir=folder).summary)
-                bar.update(1)
+                bar.done(run.name, students[f"{method}/{loss}"][-1])
     bar.close()
     results = {"title": title, "dataset": s.data, "seeds": n_seeds, "methods": methods,
                "teacher_model": s.teacher["name"], "student_model": s.student["name"],
@@ -184,33 +193,37 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(r: dict, path: Path) -> Path | None:
-    """Student test accuracy per method and teacher (mean +- std, seeds as dots); None without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return None
+def bar_figure(plt: Any, r: dict) -> Any:
+    """Student test accuracy per method and teacher: bars (mean +- std) from 0, seeds as dots, the mean above
+    each bar, the legend right of the axes (clear of the bars)."""
     groups = ["none", *r["methods"]]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(min(MAX_FIGURE_WIDTH_IN, max(5.0, 1.1 * len(groups) + 2)), 3.6),
+                           layout="constrained")
     colors = {"none": "#999999", "ce": "#4c72b0", "mse": "#dd8452"}
+    names = {"none": "no KD", "ce": "CE teacher", "mse": "MSE teacher"}
     for i, g in enumerate(groups):
         keys = [("none", "none")] if g == "none" else [(f"{g}/{loss}", loss) for loss in TEACHER_LOSSES]
         for j, (key, color) in enumerate(keys):
             vals = r["students"][key]["test_acc"]
             mu, sd = mean_std(vals)
             x = i + (0 if g == "none" else (j - 0.5) * 0.38)
-            ax.bar(x, mu, width=0.36, yerr=sd, capsize=3, color=colors[color],
-                   label={"none": "no KD", "ce": "CE teacher", "mse": "MSE teacher"}[color] if i < 2 else None)
+            ax.bar(x, mu, width=0.36, yerr=sd, capsize=3, color=colors[color], label=names[color] if i < 2 else None)
             ax.scatter([x] * len(vals), vals, color="black", s=8, zorder=3)
+            ax.annotate(f"{mu:.1f}", (x, max([mu + sd, *vals])), xytext=(0, 3), textcoords="offset points",
+                        ha="center", fontsize=7)
     ax.set_xticks(range(len(groups)), ["no KD" if g == "none" else g for g in groups])
     ax.set_ylabel("student test accuracy %")
-    lo = min(min(e["test_acc"]) for e in r["students"].values())
     hi = max(max(e["test_acc"]) for e in r["students"].values())
-    ax.set_ylim(max(0, lo - 3), min(100, hi + 2))
+    ax.set_ylim(0, hi * 1.1 if hi > 0 else 1.0)  # from 0: the bars' heights compare as the accuracies do
     ax.set_title(f"{r['dataset']}: {r['student_model']} students on {r['student_train_size']} examples")
-    handles, labels = ax.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles, strict=True))
-    ax.legend(uniq.values(), uniq.keys(), loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    legend_outside(ax)
+    return fig
+
+
+def plot(r: dict, path: Path) -> Path | None:
+    """:func:`bar_figure` written to ``path``; None without matplotlib."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    with quiet_plotting():
+        return save_figure(plt, bar_figure(plt, r), path)

@@ -18,7 +18,12 @@ A loss may also ask for a field of a structured output by name (``hidden_states`
 fields come back in ``Taps.extra``. A model with a ``request_outputs(names)`` method is told the field names
 before the forward (and an empty set after), so it returns a plain logits tensor to every other caller.
 Zoo models carry ``model.tap_spec``; a user model gets one from
-``model.taps`` in the config, and a plain ``nn.Module`` without any works for logit-only methods. Hooks
+``model.taps`` in the config (a teacher loaded from a checkpoint also from ``teacher.taps``, which override the
+recorded ones), and a plain ``nn.Module`` without any works for logit-only methods. When the ``embedding`` tap is
+wanted but not named, it is inferred as the input of the model's last ``nn.Linear`` (in module order) provided that
+module's output is the model's logits on the first forward (:attr:`Tapped.inferred`); otherwise the error lists the
+``nn.Linear`` paths. Every tap error names the side (``student model MLP``, ``teacher model MLP``) and the key where
+that side's taps are set. Hooks
 resolve on the unwrapped module (``.module`` of DDP/DataParallel, ``._orig_mod`` of torch.compile). Stage
 maps come back in the order the spec lists them; a module run several times per forward reports its last
 output. Recorded tensors are not detached, so losses on them backpropagate.
@@ -27,7 +32,7 @@ output. Recorded tensors are not detached, so losses on them backpropagate.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -43,6 +48,8 @@ __all__ = ["TAP_NAMES", "TapSpec", "Tapped", "Taps", "spec_of", "unwrap"]
 
 TAP_NAMES = ("logits", "embedding", "stages", "stages_pre")
 _SPEC_KEYS = ("embedding", "stages", "stages_pre", "stages_bn", "extra", "logits")
+#: where each side of a distillation names its taps in a config
+SIDE_KEYS = {"student": "model.taps", "teacher": "teacher.taps", "model": "model.taps"}
 
 
 def _path_text(value: Any) -> Any:
@@ -50,7 +57,7 @@ def _path_text(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def _paths(value: Any, key: str) -> tuple[str, ...]:
+def _paths(value: Any, key: str, prefix: str = "model.taps") -> tuple[str, ...]:
     """A config value as a tuple of module paths (a lone string is one path, not its characters)."""
     if value is None:
         return ()
@@ -59,22 +66,22 @@ def _paths(value: Any, key: str) -> tuple[str, ...]:
         return (value,)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise ConfigError(f"model.taps.{key} must be a module path or a list of paths; got {short_repr(value)}")
+    raise ConfigError(f"{prefix}.{key} must be a module path or a list of paths; got {short_repr(value)}")
 
 
-def _extra(value: Any) -> dict[str, tuple[str, str]]:
+def _extra(value: Any, prefix: str = "model.taps") -> dict[str, tuple[str, str]]:
     """``{name: "path[:input|:output]"}`` as ``{name: (path, "input" | "output")}``."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"model.taps.extra must be a mapping of name: module path; got {short_repr(value)}")
+        raise ConfigError(f"{prefix}.extra must be a mapping of name: module path; got {short_repr(value)}")
     out = {}
     for name, spec in value.items():
         spec = _path_text(spec)
         if name in TAP_NAMES:
-            raise ConfigError(f"model.taps.extra.{name}: {name!r} is a built-in tap; choose another name")
+            raise ConfigError(f"{prefix}.extra.{name}: {name!r} is a built-in tap; choose another name")
         if not isinstance(spec, str) or not spec:
-            raise ConfigError(f"model.taps.extra.{name} must be a module path, optionally ending in :input or "
+            raise ConfigError(f"{prefix}.extra.{name} must be a module path, optionally ending in :input or "
                               f":output; got {short_repr(spec)}")
         path, _, where = spec.rpartition(":") if spec.endswith((":input", ":output")) else (spec, "", "output")
         out[str(name)] = (path, where)
@@ -92,20 +99,30 @@ class TapSpec:
     stages_bn: tuple[str, ...] = ()
 
     @classmethod
-    def from_dict(cls, d: Any) -> TapSpec:
+    def from_dict(cls, d: Any, prefix: str = "model.taps") -> TapSpec:
+        """The spec a config mapping names (``prefix``: its key in messages, ``model.taps`` or ``teacher.taps``)."""
         if not isinstance(d, Mapping):
-            raise ConfigError(f"model.taps must be a mapping with keys {', '.join(_SPEC_KEYS)}; got {short_repr(d)}")
-        bad = sorted(set(d) - set(_SPEC_KEYS))
+            raise ConfigError(f"{prefix} must be a mapping with keys {', '.join(_SPEC_KEYS)}; got {short_repr(d)}")
+        bad = sorted(set(d) - set(_SPEC_KEYS), key=str)
         if bad:
-            raise ConfigError(f"unknown key model.taps.{bad[0]}; allowed: {', '.join(_SPEC_KEYS)}")
+            raise ConfigError(f"unknown key {prefix}.{bad[0]}{closest(str(bad[0]), list(_SPEC_KEYS))}; allowed: "
+                              f"{', '.join(_SPEC_KEYS)}")
         emb = _path_text(d.get("embedding"))
         if emb is not None and not isinstance(emb, str):
-            raise ConfigError(f"model.taps.embedding must be one module path; got {short_repr(emb)}")
+            raise ConfigError(f"{prefix}.embedding must be one module path; got {short_repr(emb)}")
         logits = d.get("logits")
         if logits is not None and not isinstance(logits, str):
-            raise ConfigError(f"model.taps.logits must be the name of an output field; got {short_repr(logits)}")
-        return cls(emb, _paths(d.get("stages"), "stages"), _paths(d.get("stages_pre"), "stages_pre"),
-                   _extra(d.get("extra")), logits, _paths(d.get("stages_bn"), "stages_bn"))
+            raise ConfigError(f"{prefix}.logits must be the name of an output field; got {short_repr(logits)}")
+        return cls(emb, _paths(d.get("stages"), "stages", prefix), _paths(d.get("stages_pre"), "stages_pre", prefix),
+                   _extra(d.get("extra"), prefix), logits, _paths(d.get("stages_bn"), "stages_bn", prefix))
+
+    def updated(self, d: Mapping[str, Any], prefix: str = "teacher.taps") -> TapSpec:
+        """This spec with the keys the mapping ``d`` gives replaced (``extra`` entries added or replaced)."""
+        given = TapSpec.from_dict(d, prefix)
+        changes: dict[str, Any] = {k: getattr(given, k) for k in d if k != "extra"}
+        if "extra" in d:
+            changes["extra"] = {**self.extra, **given.extra}
+        return replace(self, **changes)
 
 
 def _is_wrapper(model: nn.Module) -> bool:
@@ -164,7 +181,7 @@ class Tapped(nn.Module):
     """
 
     def __init__(self, model: nn.Module, spec: TapSpec | None = None,
-                 want: Iterable[str] = ("logits",)) -> None:
+                 want: Iterable[str] = ("logits",), side: str = "model") -> None:
         super().__init__()
         self.model = model
         self.spec = spec_of(model, spec)
@@ -176,14 +193,26 @@ class Tapped(nn.Module):
         self._active = False
         self._handles: list[RemovableHandle] = []
         self.name = type(inner).__name__
+        #: ``student``, ``teacher`` or ``model``: named in every tap error, with the key where its taps are set
+        self.side, self.prefix = side, SIDE_KEYS.get(side, "model.taps")
+        self.who = f"model {self.name}" if side == "model" else f"{side} model {self.name}"
+        #: the module path of an inferred ``embedding`` tap (:meth:`infer_embedding`), None when it was named
+        self.inferred: str | None = None
+        self.inferred_checked = False
+        self._linears = [p for p, m in modules.items() if p and isinstance(m, nn.Linear)]
+        if "embedding" in self.want and not self.spec.embedding and self._linears:
+            self.inferred = self._linears[-1]
+            self.spec = replace(self.spec, embedding=self.inferred)
         #: extras read from the model's structured output rather than from a hook
         self.output_fields = sorted(n for n in self.want - set(TAP_NAMES) if n not in self.spec.extra)
 
         def need(path: str | None, tap: str, key: str) -> nn.Module:
             if not path:
-                raise ConfigError(f"model {self.name} has no {tap!r} tap; name its module path in model.taps.{key}")
+                why = " (it has no nn.Linear to infer it from)" if tap == "embedding" else ""
+                raise ConfigError(f"{self.who} has no {tap!r} tap{why}; name its module path in {self.prefix}.{key}")
             if path not in modules:
-                raise ConfigError(f"model {self.name} has no module {path!r} for tap {tap!r} (model.taps.{key})")
+                raise ConfigError(f"{self.who} has no module {path!r} for tap {tap!r} ({self.prefix}.{key})"
+                                  f"{closest(path, [p for p in modules if p])}")
             return modules[path]
 
         # Resolve every path before registering anything, so a bad path leaves no hooks behind.
@@ -239,7 +268,10 @@ class Tapped(nn.Module):
             if request is not None:
                 request(set())
             rec, self._records = self._records, {}
-        logits, fields = split_output(out, self.spec.logits)
+        try:
+            logits, fields = split_output(out, self.spec.logits)
+        except ConfigError as e:  # name the side, and where its taps are set
+            raise ConfigError(f"{self.who}: {str(e).replace('model.taps.', f'{self.prefix}.')}") from None
 
         def collect(tap: str) -> list[Tensor]:
             if tap not in self.want:
@@ -247,12 +279,13 @@ class Tapped(nn.Module):
             paths = (self.spec.embedding,) if tap == "embedding" else getattr(self.spec, tap)
             for i, p in enumerate(paths):
                 if (tap, i) not in rec:
-                    raise ConfigError(f"module {p!r} named in model.taps.{tap} did not run in the forward pass")
+                    raise ConfigError(f"{self.who}: module {p!r} named in {self.prefix}.{tap} did not run in the "
+                                      "forward pass")
                 what = "input" if tap == "embedding" else "output"
                 if not isinstance(rec[(tap, i)], Tensor):
-                    raise ConfigError(f"module {p!r} named in model.taps.{tap} has a {type(rec[(tap, i)]).__name__} "
-                                      f"{what}, not a tensor")
-            if tap == "embedding":
+                    raise ConfigError(f"{self.who}: module {p!r} named in {self.prefix}.{tap} has a "
+                                      f"{type(rec[(tap, i)]).__name__} {what}, not a tensor")
+            if tap == "embedding" and not self.inferred_checked:
                 self._check_classifier(rec.get(("classifier", 0)), logits)
             return [rec[(tap, i)] for i in range(len(paths))]
 
@@ -260,15 +293,15 @@ class Tapped(nn.Module):
         for name in self.want - set(TAP_NAMES):
             if name in self.spec.extra:
                 if ("extra", name) not in rec:
-                    raise ConfigError(f"module {self.spec.extra[name][0]!r} named in model.taps.extra.{name} did "
-                                      "not run in the forward pass")
+                    raise ConfigError(f"{self.who}: module {self.spec.extra[name][0]!r} named in "
+                                      f"{self.prefix}.extra.{name} did not run in the forward pass")
                 extra[name] = rec[("extra", name)]
             elif name in fields:
                 extra[name] = fields[name]
             else:
                 known = [*TAP_NAMES, *self.spec.extra, *map(str, fields)]
-                raise ConfigError(f"model {self.name} has no tap {name!r}{closest(name, known)}: declare it as "
-                                  f"model.taps.extra.{name}=<module path>[:input] or return it as a field of the "
+                raise ConfigError(f"{self.who} has no tap {name!r}{closest(name, known)}: declare it as "
+                                  f"{self.prefix}.extra.{name}=<module path>[:input] or return it as a field of the "
                                   "model's output")
         emb = collect("embedding")
         return Taps(logits, emb[0] if emb else None, collect("stages"), collect("stages_pre"), extra)
@@ -276,10 +309,18 @@ class Tapped(nn.Module):
     def _check_classifier(self, out: Any, logits: Tensor) -> None:
         """The ``embedding`` tap names the classifier: the module whose output is the logits, so that its
         input is the penultimate feature. Anything else is a one-line error naming the module."""
+        if self.inferred is not None:  # inferred: the last nn.Linear must output the logits themselves
+            if isinstance(out, Tensor) and (out is logits or (out.shape == logits.shape and torch.equal(out, logits))):
+                self.inferred_checked = True
+                return
+            shown = ", ".join(repr(p) for p in self._linears[-8:])
+            raise ConfigError(f"{self.who} has no 'embedding' tap and it cannot be inferred: its last nn.Linear "
+                              f"{self.inferred!r} does not output the logits; name the classifier's module path in "
+                              f"{self.prefix}.embedding (nn.Linear modules: {shown})")
         if isinstance(out, Tensor) and tuple(out.shape) == tuple(logits.shape):
             return
         got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else f"a {type(out).__name__}"
-        raise ConfigError(f"model.taps.embedding={self.spec.embedding!r} of model {self.name} is not its classifier: "
+        raise ConfigError(f"{self.prefix}.embedding={self.spec.embedding!r} of the {self.who} is not its classifier: "
                           f"its output has {got}, the logits {tuple(logits.shape)}; name the module that maps the "
                           "penultimate feature to the logits (e.g. 'fc' or 'head')")
 

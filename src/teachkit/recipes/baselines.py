@@ -42,7 +42,7 @@ class TAKDOptions(Options):
     assistant_epochs: int | None = option(None, ge=1)
     #: a finished assistant run folder to distil the student from (a sweep shares one assistant this way);
     #: None: the assistant is trained in ``run_dir/assistant``
-    assistant_checkpoint: str | None = None
+    assistant_checkpoint: str | None = option(None, path=True)
 
 
 def assistant_config(cfg: RunConfig) -> RunConfig:

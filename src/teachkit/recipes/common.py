@@ -123,7 +123,11 @@ def model_meta(cfg: RunConfig, splits: Splits, loss: str) -> dict[str, Any]:
     split's per-channel statistics its inputs were normalised with (``normalisation``: a teacher used on data
     normalised otherwise gets its inputs re-normalised to them)."""
     meta = {"model": to_dict(cfg.model), "input_shape": list(splits.input_shape), "data": to_dict(cfg.data),
-            "num_classes": splits.num_classes, "dataset": splits.name, "loss": loss}
+            "num_classes": splits.num_classes, "dataset": splits.name, "loss": loss, "task": splits.task}
+    if splits.class_names is not None:  # the run's own label names (a predictor's labels)
+        meta["class_names"] = list(splits.class_names)
+    if splits.feature_names is not None:  # a table's feature columns, in the model's input order
+        meta["feature_names"] = list(splits.feature_names)
     if splits.mean is not None and splits.std is not None:
         meta["normalisation"] = {"mean": splits.mean.flatten().tolist(), "std": splits.std.flatten().tolist()}
     vocabulary = getattr(splits.train.x, "vocabulary_digest", None)  # token-level outputs over a vocabulary

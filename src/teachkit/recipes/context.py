@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from teachkit import distributed
-from teachkit.config import SECTIONS, RunConfig, dump_yaml, from_dict, read_yaml, to_dict, with_changes
+from teachkit.config import SECTIONS, RunConfig, absolute_paths, dump_yaml, from_dict, read_yaml, to_dict, with_changes
 from teachkit.data import Splits, make_augment
 from teachkit.data.loader import make_batches
 from teachkit.data.raw import is_regression, is_tokens
@@ -248,6 +248,7 @@ class RunContext:
         device = resolve_device(cfg.train.device)
         if splits is not None:
             cfg = record_data(cfg, splits)
+        cfg = absolute_paths(cfg)  # config.yaml and the checkpoints read the same from any working directory
         if run_dir is None:
             check_run_name(cfg.name)
         folder = Path(run_dir) if run_dir is not None else Path(cfg.out_dir) / cfg.name

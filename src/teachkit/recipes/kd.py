@@ -4,18 +4,26 @@ The student's loss is the ``kd`` section's :class:`~teachkit.losses.DistillObjec
 distillation losses). Training stages a method needs first (HSAKD's teacher heads) run through the engine
 in their own sub-folder, with exact resume, before the student starts.
 
-After the first epoch, a distillation term whose mean is more than 100x the CE term's is a warning: the
-paper gammas were tuned for CIFAR ResNets and break small students (FitNet's gamma 100 collapsed an MLP
-to the majority class).
+A distillation term that swamps the labels is a warning after the first epoch: on the first steps of epoch 1
+the gradient of each weighted term on the student's weights is measured next to the label term's (CE, or the
+squared error of real-valued targets), and a method whose gradient is more than 200x the label term's (the
+shipped weights give about 1-60x) is named with the ratio and the weight to lower (paper gammas were tuned for
+CIFAR ResNets; FitNet's gamma 100 collapsed an MLP to the majority class). Loss *values* are not compared:
+Hinton KD's T^2 factor makes its value large by design, so that its gradient matches CE's.
 """
 
 from __future__ import annotations
 
+import math
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from teachkit import distributed
 from teachkit.config import RunConfig
 from teachkit.data import Splits
 from teachkit.engine import Callback, OptimConfig, Trainer, load_checkpoint
@@ -29,37 +37,100 @@ from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource, declare_teacher_use
 from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
-from teachkit.types import StepOutput, TrainingStage
+from teachkit.types import Progress, StepOutput, TrainingStage
 
-#: a distillation term this many times the CE term in the first epoch is warned about
-DOMINANCE = 100.0
+#: a distillation term whose gradient on the student's weights is this many times the label term's is warned about
+DOMINANCE = 200.0
+#: the steps of epoch 1 whose per-term gradients are measured
+PROBE_STEPS = 4
+#: the names a label term has in the objective's terms (classification, real-valued targets)
+LABEL_TERMS = ("ce", "l2")
 
 
-def dominant_terms(train: dict[str, float], methods: list[str], limit: float = DOMINANCE) -> list[str]:
-    """Warnings for distillation methods whose (weighted) terms' epoch mean exceeds ``limit`` x the CE term's;
-    ``train`` is an epoch record's per-term means (``ce``, ``fitnet``, ``crd.s``, ...)."""
-    ce = train.get("ce")
-    if not isinstance(ce, float) or not ce > 0:
-        return []
-    out = []
+def method_terms(terms: Mapping[str, Any], methods: Sequence[str]) -> dict[str, Any]:
+    """The label term (``label``) and each method's terms summed (``crd.s`` + ``crd.t`` -> ``crd``)."""
+    out: dict[str, Any] = {}
+    for key in LABEL_TERMS:
+        if key in terms:
+            out["label"] = terms[key]
     for method in methods:
-        value = sum(v for k, v in train.items() if k == method or k.startswith(f"{method}."))
-        if value > limit * ce:
-            out.append(f"in epoch 1 the {method} term (mean {value:.4g}) is {value / ce:,.0f}x the CE term "
-                       f"({ce:.4g}): its weight may swamp the labels for this student (paper gammas break small "
-                       f"students); consider a smaller kd.gamma.{method}")
+        parts = [v for k, v in terms.items() if k == method or k.startswith(f"{method}.")]
+        if parts:
+            out[method] = sum(parts[1:], parts[0])
+    return out
+
+
+class GradientProbe:
+    """Gradient norms of the label term and of each method's weighted terms on the student's weights, over the
+    first ``steps`` steps of epoch 1 (one extra backward per term there, none afterwards)."""
+
+    def __init__(self, student: nn.Module, methods: Sequence[str], steps: int = PROBE_STEPS) -> None:
+        self.params = [p for p in student.parameters() if p.requires_grad]
+        self.methods = list(methods)
+        self.steps = steps
+        self.calls = 0
+        self.norms: dict[str, list[Tensor]] = {}
+        #: how the label term is named in messages: CE, or the squared error of real-valued targets
+        self.label_name = "CE"
+
+    def __call__(self, terms: Mapping[str, Tensor], progress: Progress) -> None:
+        if progress.epoch != 0 or self.calls >= self.steps or not self.params or not torch.is_grad_enabled():
+            return
+        self.calls += 1
+        groups = method_terms(terms, self.methods)
+        if "label" not in groups:  # a method that replaces CE: nothing to compare with
+            self.steps = 0
+            return
+        self.label_name = "CE" if "ce" in terms else "squared-error"
+        for name, value in groups.items():
+            if not (isinstance(value, Tensor) and value.requires_grad):
+                continue
+            try:
+                grads = torch.autograd.grad(value, self.params, retain_graph=True, allow_unused=True)
+            except RuntimeError:  # a graph that cannot be walked twice (a compiled backward): measure nothing
+                self.steps, self.norms = 0, {}
+                return
+            squares = [g.detach().float().pow(2).sum() for g in grads if g is not None]
+            norm = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+            self.norms.setdefault(name, []).append(norm)
+
+    def ratios(self) -> dict[str, float]:
+        """Each method's gradient norm over the label term's: the median over the measured steps (one host read);
+        empty without a label term."""
+        if "label" not in self.norms or len(self.norms) < 2:
+            return {}
+        label = torch.stack(self.norms["label"])
+        names = [n for n in self.norms if n != "label"]
+        values = torch.stack([(torch.stack(self.norms[n]) / label).median() for n in names]).tolist()
+        return {n: v for n, v in zip(names, values, strict=True) if math.isfinite(v)}
+
+
+def dominant_terms(ratios: Mapping[str, float], weights: Mapping[str, float], limit: float = DOMINANCE,
+                   label: str = "CE") -> list[str]:
+    """Warnings for methods whose gradient on the student's weights is more than ``limit`` x the label term's
+    (``ratios``: method -> ratio), each naming the ratio and a ``kd.gamma`` that brings it back to ``limit``."""
+    out = []
+    for method, ratio in ratios.items():
+        if not ratio > limit:
+            continue
+        gamma = weights.get(method)
+        change = (f"lower kd.gamma.{method} (now {gamma:g}) to about {gamma * limit / ratio:.2g} or less"
+                  if gamma else f"lower kd.gamma.{method}")
+        out.append(f"on the first steps of epoch 1 the gradient of the {method} term on the student's weights is "
+                   f"{ratio:,.0f}x the {label} term's (over {limit:g}x: the labels barely steer this student); "
+                   f"{change}")
     return out
 
 
 class FirstEpochCheck(Callback):
-    """Warns after epoch 1 when a distillation term dwarfs the CE term (:func:`dominant_terms`)."""
+    """Warns after epoch 1 when a method's gradient dwarfs the label term's (:func:`dominant_terms`)."""
 
-    def __init__(self, methods: list[str]) -> None:
-        self.methods = methods
+    def __init__(self, probe: GradientProbe, weights: Mapping[str, float], limit: float = DOMINANCE) -> None:
+        self.probe, self.weights, self.limit = probe, dict(weights), limit
 
     def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
         if record.get("epoch") == 1:
-            for message in dominant_terms(record.get("train", {}), self.methods):
+            for message in dominant_terms(self.probe.ratios(), self.weights, self.limit, self.probe.label_name):
                 trainer.warn(message)
 
 
@@ -68,16 +139,27 @@ def build_distill_objective(ctx: RunContext, student: nn.Module,
     """The objective for ``kd.method``, built from probed taps of one dummy batch (2 samples, eval mode);
     each side is asked only for the taps the methods read of it."""
     student_needs, teacher_needs = needs_of(ctx.cfg.kd.methods)
-    s_tap, t_tap = Tapped(student, want=student_needs), Tapped(teacher, want=teacher_needs)
+    s_tap = Tapped(student, want=student_needs, side="student")
+    t_tap = Tapped(teacher, want=teacher_needs, side="teacher")
     probe = ctx.splits.train.x[:2]
     with torch.no_grad():
         was = student.training
         student.eval()
         s_probe, t_probe = s_tap(probe), t_tap(probe)
         student.train(was)
+    for line in inferred_taps(s_tap, t_tap):
+        if ctx.cfg.train.progress and distributed.is_main():
+            print(f"teachkit: {line}", file=sys.stderr)
     objective = build_objective(ctx.cfg.kd, s_probe, t_probe, num_classes=ctx.splits.num_classes,
                                 num_samples=len(ctx.splits.train), teacher_model=t_tap)
     return objective.to(ctx.device), s_tap, t_tap
+
+
+def inferred_taps(*taps: Tapped) -> list[str]:
+    """One line per side whose ``embedding`` tap was inferred (``student: embedding tap inferred as the input of
+    'head' (the last nn.Linear)``): printed when the objective is built and kept in the summary's ``notes``."""
+    return [f"{t.side}: embedding tap inferred as the input of {t.inferred!r} (the last nn.Linear)"
+            for t in taps if t.inferred is not None]
 
 
 def check_tokenizers(ctx: RunContext) -> None:
@@ -147,6 +229,7 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         run_stage(ctx, stage)
 
     outputs = cached_teacher(ctx, t_tap, objective)
+    probe = GradientProbe(student, cfg.kd.methods, steps=0 if cfg.train.compile else PROBE_STEPS)
 
     def step(batch, progress):
         seen = objective.transform_batch(batch)  # keeps the original samples first
@@ -154,18 +237,21 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         s_out = s_tap(seen.x)
         # the training metrics read the original samples' outputs (all rows: one per target token in translation)
         shown = s_out.logits if seen is batch else s_out.logits[:batch.size]
-        return StepOutput(objective(s_out, t_out, seen, progress), shown)
+        terms = objective(s_out, t_out, seen, progress)
+        probe(terms, progress)
+        return StepOutput(terms, shown)
 
     meta = ctx.meta("+".join(cfg.kd.methods))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "loss": teacher_state.get("loss"),
                        **{k: v for k, v in teacher_state.items() if k.startswith(("val_", "test_"))}}
     trainer = ctx.trainer({"model": student, "objective": objective}, step, meta=meta,
-                          callbacks=[FirstEpochCheck(cfg.kd.methods), *outputs.callbacks()],
+                          callbacks=[FirstEpochCheck(probe, objective.weights), *outputs.callbacks()],
                           frozen={"teacher": teacher})
     source.report(trainer)
     while not trainer.done:
         trainer.run_epoch()
-    result = trainer.finish(teacher_cache=outputs.report(),
+    notes = inferred_taps(s_tap, t_tap)
+    result = trainer.finish(**({"notes": notes} if notes else {}), teacher_cache=outputs.report(),
                             cost={"teacher_epochs_trained": source.epochs_trained, "student_epochs": cfg.train.epochs,
                                   **teacher_forward_cost(outputs, trainer),
                                   # every session of the student, its in-command teacher and training stages

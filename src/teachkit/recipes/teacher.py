@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from torch import nn
 from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, with_changes
@@ -38,6 +39,7 @@ from teachkit.engine.checkpoint import load_checkpoint, strip
 from teachkit.engine.trainer import channels_last
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.models import FrozenTeacher
+from teachkit.models.taps import spec_of
 from teachkit.recipes.common import check_compatible, load_model
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.leakage import OVERLAP_KEY, check_overlap
@@ -218,6 +220,13 @@ class TeacherSource:
             trainer.meta[OVERLAP_KEY] = self.overlap
             trainer.warn(f"teacher.allow_overlap=true: {self.overlap}; its val/test figures are not clean")
 
+    def with_taps(self, model: nn.Module) -> nn.Module:
+        """``model`` with ``teacher.taps`` over the taps it was built with (those its checkpoint recorded): new
+        taps for a teacher trained without them, no retraining (the weights are untouched)."""
+        if self.cfg.taps:
+            model.tap_spec = spec_of(model).updated(self.cfg.taps, "teacher.taps")
+        return model
+
     def checkpoint(self) -> Path:
         """Where the final teacher is: ``teacher.checkpoint`` (a file or a run folder), or the run folder of
         the teacher trained in this command (trained now unless it finished before)."""
@@ -238,7 +247,7 @@ class TeacherSource:
                 load_checkpoint(path, expect_sha256=sha)
         model, state = load_model(path, self.cfg.select, self.ctx.device)
         self._check(state, path)
-        frozen = FrozenTeacher(channels_last(model, self.ctx.channels_last))
+        frozen = FrozenTeacher(channels_last(self.with_taps(model), self.ctx.channels_last))
         return self._renormalise(frozen, state), state
 
     def recorded(self) -> Trajectory:
@@ -288,11 +297,11 @@ class TeacherSource:
             assert trainer.trajectory is not None
             if 0 not in trainer.trajectory.epochs:
                 trainer.trajectory.add(0, {}, trainer.weights(), {**trainer.meta, "epoch": 0})
-            frozen = FrozenTeacher(channels_last(copy.deepcopy(model), ctx.channels_last))
+            frozen = FrozenTeacher(channels_last(self.with_taps(copy.deepcopy(model)), ctx.channels_last))
             return TeacherTrajectory(frozen, trainer.trajectory, tcfg.train.epochs, trainer)
         trajectory = self.recorded()  # validated and checked against the student's data
         model, state = load_model(trajectory.path(trajectory.epochs[-1]), device=ctx.device)
-        frozen = self._renormalise(FrozenTeacher(channels_last(model, ctx.channels_last)), state)
+        frozen = self._renormalise(FrozenTeacher(channels_last(self.with_taps(model), ctx.channels_last)), state)
         return TeacherTrajectory(frozen, trajectory, max(trajectory.epochs))
 
 

@@ -340,7 +340,7 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
         return made(teacher, status="off", why=why)
     names = ("values", "ids") if tokens and topk else tuple(n for n in CACHEABLE if n in set(needs))
     layout = channels_last and isinstance(split.x, Tensor) and split.x.dim() == 4
-    key = hashlib.sha256("|".join([weights_digest(teacher.model), inputs_digest(split.x), ",".join(names),
+    key = hashlib.sha256("|".join([weights_digest(teacher.model), inputs_digest(split.x), _taps_text(teacher, names),
                                    "float16" if store is not None else "exact", str(len(split)),
                                    f"topk={topk}" if tokens else "", f"precision={_precision_name(precision)}",
                                    f"channels_last={layout}"]).encode()).hexdigest()
@@ -626,6 +626,13 @@ def _process() -> str:
     return f"{distributed.rank()}/{distributed.world_size()}"
 
 
+def _taps_text(teacher: Tapped, names: Iterable[str]) -> str:
+    """The cached taps for a cache key; with the embedding tap, the module it is read from (``teacher.taps`` may
+    name another one for the same weights)."""
+    names = list(names)
+    return ",".join(names) + (f"@{teacher.spec.embedding}" if "embedding" in names else "")
+
+
 def view_outputs(teacher: Tapped, split: TensorSplit, *, names: tuple[str, ...], augment: Augment, seed: int,
                  batch_size: int, out_dir: Path | None, micro_batch: int | None = None,
                  precision: Precision | None = None, channels_last: bool = False, dtype: str = "float32",
@@ -637,7 +644,7 @@ def view_outputs(teacher: Tapped, split: TensorSplit, *, names: tuple[str, ...],
     layout = channels_last and isinstance(split.x, Tensor) and split.x.dim() == 4
     parts = ["teachkit-views-v1", f"teacher={weights_digest(teacher.model)}", f"inputs={inputs_digest(split.x)}",
              f"seed={seed}", f"batch_size={batch_size}", f"augment={augment!r}", f"micro_batch={micro_batch}",
-             f"precision={_precision_name(precision)}", f"channels_last={layout}", f"taps={','.join(names)}",
+             f"precision={_precision_name(precision)}", f"channels_last={layout}", f"taps={_taps_text(teacher, names)}",
              f"store={'float16' if half else 'exact'}", f"topk={topk}", f"samples={len(split)}",
              f"device={device.type}", f"compile={bool(compile)}", f"process={_process()}"]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()

@@ -424,6 +424,8 @@ def glue_metrics(task: str, outputs: Tensor, y: Tensor) -> dict[str, float]:
 class GlueEvaluator(SplitScoreEvaluator):
     """GLUE's metrics of one task (module docstring) on each named split."""
 
+    sample_unit = "seq"
+
     def __init__(self, task: str, splits: Mapping[str, TensorSplit], batch_size: int = 1000, dataset: str = "glue",
                  train_x: Any = None) -> None:
         super().__init__(dict(splits), batch_size)

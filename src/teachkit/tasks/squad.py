@@ -501,6 +501,7 @@ class SquadEvaluator(Evaluator):
     on each named split (see the module docstring)."""
 
     primary = "f1"
+    sample_unit = "seq"  # a question-context window
 
     def __init__(self, splits: Mapping[str, TensorSplit], version_2: bool = False, batch_size: int = 1000,
                  n_best: int = 20, max_answer_length: int = 30, null_threshold: float = 0.0,
