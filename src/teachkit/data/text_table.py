@@ -4,18 +4,20 @@ Options (paths relative to ``data.root``, or absolute):
 
 - ``train``: a file, or a folder whose ``.csv`` / ``.tsv`` / ``.parquet`` / ``.jsonl`` / ``.ndjson`` files (each
   optionally ``.gz``-compressed, except Parquet) are read in name order. Unset: ``data.root`` itself.
-- ``val``, ``test``: optional files or folders with the same columns; ``split_column``: a column whose values
-  (``train``, ``val``, ``test``) place each row of the ``train`` files (by default a column named ``split``,
-  when there is one). Splits not given are carved from train, seeded and stratified by class (regression: at
-  random), as for every source.
-- ``text_column`` (default ``text``), ``text_pair_column`` (optional: sentence pairs, tokenised as pairs),
-  ``label_column`` (default ``label``).
+- ``val``: an optional file or folder with the same columns; ``test``: likewise, the test split.
+- ``split_column``: a column whose values (``train``, ``val``, ``test``) place each row of the ``train`` files (by
+  default a column named ``split``, when there is one). Splits not given are carved from train, seeded and
+  stratified by class (regression: at random), as for every source.
+- ``text_column``: the text column (default ``text``).
+- ``text_pair_column``: an optional second text column (sentence pairs, tokenised as pairs).
+- ``label_column``: the label column (default ``label``).
 - ``task``: ``classification`` (string labels are numbered in sorted order, integer labels are class ids; the
   names are kept so predictions come out as your labels), ``binary`` (two classes, F1 / MCC; the second label in
   sorted order is the positive class) or ``regression`` (real-valued targets, float32).
-- ``tokenizer`` (default ``minilm-l6``, bundled and offline; any Hugging Face folder or cached Hub name),
-  ``teacher_tokenizer`` (a teacher with its own tokenizer), ``max_length`` (default 128), ``cache_dir`` (the
-  tokenisation cache, :func:`teachkit.data.text.tokenize_texts`).
+- ``tokenizer``: default ``minilm-l6`` (bundled and offline), or any Hugging Face folder or cached Hub name.
+- ``teacher_tokenizer``: a teacher's own tokenizer (its ids under the prefix ``teacher.``).
+- ``max_length``: the longest tokenisation kept, in tokens (default 128).
+- ``cache_dir``: the tokenisation cache folder (:func:`teachkit.data.text.tokenize_texts`).
 
 The format comes from the file name's suffix. CSV and TSV files are UTF-8 with a header row and standard
 quoting (a quoted cell may hold the delimiter or a line break; lines end at ``\n``, a lone ``\r`` is a space, as

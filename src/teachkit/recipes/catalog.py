@@ -114,6 +114,7 @@ def signature_rows(func: Callable[..., Any], skip: int) -> list[OptionRow]:
     except Exception:  # noqa: BLE001 - a plugin's annotation that does not resolve: show it as written
         hints = {}
     doc, rows = inspect.getdoc(func) or "", []
+    module_doc = inspect.getdoc(inspect.getmodule(func)) or ""  # a source's options are often listed there
     for p in params:
         if p.kind is inspect.Parameter.VAR_KEYWORD:
             rows.append(OptionRow(f"**{p.name}", "any", "-", "any key", "passed on unchecked"))
@@ -127,7 +128,7 @@ def signature_rows(func: Callable[..., Any], skip: int) -> list[OptionRow]:
         else:
             shown = type_text(tp)
         rows.append(OptionRow(p.name, shown, default_text(default), " and ".join(choices_of(tp)) or "-",
-                              doc_help(doc, p.name)))
+                              doc_help(doc, p.name) or doc_help(module_doc, p.name)))
     return rows
 
 
