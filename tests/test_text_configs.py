@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from teachkit.config import load_config, yaml_load
+from teachkit.config import load_config, read_yaml, yaml_load
 from teachkit.data import DATASETS
 from teachkit.errors import ConfigError
 from teachkit.losses import LOSSES, OBJECTIVES
@@ -62,7 +62,9 @@ def test_config_validates_and_names_exist(path):
     if "(after " in first:
         before = first.split("(after ", 1)[1].rstrip(")")
         teacher = load_config(REPO / before)
-        assert cfg.teacher.checkpoint == f"{teacher.out_dir}/{teacher.name}"
+        written = read_yaml(path)["teacher"]["checkpoint"]  # as written: run folders are relative to the cwd
+        assert written == f"{teacher.out_dir}/{teacher.name}"
+        assert cfg.teacher.checkpoint.endswith(written)  # resolved (docs/configuration-paths-and-taps.md)
     else:
         assert cfg.teacher.checkpoint is None
     # GPU configs: AdamW, linear decay, clip 1; no CPU-only settings

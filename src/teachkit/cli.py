@@ -499,6 +499,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"unrecognized arguments: {' '.join(unknown or overrides)}")
     if overrides:
         args.overrides = [*args.overrides, *overrides]
+    if args.command == "list" and args.name is not None and "=" in args.name:  # list takes no overrides
+        parser.error(f"unrecognized arguments: {args.name}")
     return args
 
 

@@ -61,7 +61,7 @@ def test_cc_cross_family_step_trains_both_embeddings():
 
 def test_cc_missing_embedding_tap_and_bad_option():
     _, teacher = make_pair("resnet8", "resnet20")
-    plain = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+    plain = nn.Sequential(nn.Conv2d(3, 10, 32), nn.Flatten())  # no nn.Linear: no embedding tap to infer
     with pytest.raises(ConfigError, match="'embedding'"):
         one_step("cc", plain, teacher)
     with pytest.raises(ConfigError, match="'cc' needs the student's 'embedding' tap"):

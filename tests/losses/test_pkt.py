@@ -54,7 +54,7 @@ def test_pkt_cross_family_step():
 
 def test_pkt_missing_embedding_tap():
     _, teacher = make_pair("resnet8", "resnet20")
-    plain = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+    plain = nn.Sequential(nn.Conv2d(3, 10, 32), nn.Flatten())  # no nn.Linear: no embedding tap to infer
     with pytest.raises(ConfigError, match="'embedding'"):
         one_step("pkt", plain, teacher)
     with pytest.raises(ConfigError, match="'pkt' needs the teacher's 'embedding' tap"):

@@ -83,7 +83,7 @@ def test_rkd_cross_family_step():
 
 def test_rkd_missing_embedding_tap_and_bad_option():
     _, teacher = make_pair("resnet8", "resnet20")
-    plain = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))
+    plain = nn.Sequential(nn.Conv2d(3, 10, 32), nn.Flatten())  # no nn.Linear: no embedding tap to infer
     with pytest.raises(ConfigError, match="'embedding'"):
         one_step("rkd", plain, teacher)
     with pytest.raises(ConfigError, match="'rkd' needs the student's 'embedding' tap"):

@@ -102,7 +102,8 @@ def test_from_dict_parses_stages_bn_like_stages_pre():
     assert TapSpec("fc", ("s",), ("p",)) == TapSpec(embedding="fc", stages=("s",), stages_pre=("p",))
     with pytest.raises(ConfigError, match=r"^model.taps.stages_bn must be a module path or a list of paths"):
         TapSpec.from_dict({"stages_bn": {"a": 1}})
-    with pytest.raises(ConfigError, match=r"^unknown key model.taps.stage_bn; allowed: embedding, stages, "
+    with pytest.raises(ConfigError, match=r"^unknown key model.taps.stage_bn \(did you mean 'stages_bn'\?\); allowed: "
+                                              r"embedding, stages, "
                                           r"stages_pre, stages_bn, extra, logits"):
         TapSpec.from_dict({"stage_bn": ["x"]})
 

