@@ -201,6 +201,10 @@ def test_eval_finds_the_student_of_takd_and_eskd_runs(tmp_path, capsys):
     summary = json.loads((tmp_path / "runs" / "takd" / "summary.json").read_text())
     assert ev["acc"] == pytest.approx(summary["test_acc"], abs=0.006)
     assert "evaluating the student (TAKD run)" in out.err and "teacher" not in out.err
+    from teachkit.predict import load_predictor, resolve_checkpoint  # a predictor finds the same student
+
+    assert resolve_checkpoint(tmp_path / "runs" / "takd", "last")[0] == student / "checkpoints" / "last.safetensors"
+    assert load_predictor(tmp_path / "runs" / "takd").source == student
     assert main(["run", "eskd", str(cfg), "name=eskd", "eskd.search=true", "teacher.epochs=2", "--quiet"]) == 0
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "runs" / "eskd"), "--quiet"]) == 0

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from teachkit.errors import CheckpointError, ConfigError, TeachkitError
+from teachkit.errors import ConfigError, TeachkitError
 from teachkit.trust import TRUST_ENV, reading_from, trusting
 
 PLUGINS_ENV = "TEACHKIT_PLUGINS"
@@ -229,39 +229,6 @@ def os_error_line(e: OSError) -> str:
     return f"cannot {op}{where}: {reason}"
 
 
-def student_of(path: Path) -> tuple[Path, str]:
-    """The run folder holding the model a run folder stands for, and how to call it: a plain run folder is
-    itself; TAKD's student is in ``student/``; ESKD's in the ``from-epoch-NNNN/`` its summary names (the
-    best of a search); BAN's final student in the last ``gen-G/``."""
-    if not path.is_dir() or (path / "checkpoints").is_dir():
-        return path, "the model"
-    if (path / "student" / "checkpoints").is_dir():
-        return path / "student", "the student (TAKD run)"
-    summary: dict[str, Any] = {}
-    try:
-        loaded = json.loads((path / "summary.json").read_text())
-        summary = loaded if isinstance(loaded, dict) else {}
-    except (OSError, ValueError):
-        pass
-    students = sorted(p for p in path.glob("from-epoch-*") if (p / "checkpoints").is_dir())
-    if students:
-        epoch = summary.get("teacher_epoch")
-        named = path / f"from-epoch-{epoch:04d}" if isinstance(epoch, int) else None
-        if named is not None and named in students:
-            what = "the best student of the search" if len(students) > 1 else "the student"
-            return named, f"{what} (ESKD run, teacher epoch {epoch})"
-        if len(students) == 1:
-            return students[0], "the student (ESKD run)"
-        names = ", ".join(p.name for p in students[:4]) + (", ..." if len(students) > 4 else "")
-        raise CheckpointError(f"run folder {str(path)!r} holds {len(students)} students ({names}) and no finished "
-                              f"summary.json naming the best; evaluate one of them, e.g. {str(students[0])!r}")
-    generations = [p for p in path.glob("gen-*") if p.name[4:].isdigit() and (p / "checkpoints").is_dir()]
-    if generations:
-        last = max(generations, key=lambda p: int(p.name[4:]))
-        return last, f"the last generation's student ({last.name}, BAN run)"
-    return path, "the model"
-
-
 def recorded_plugins_of(file: Path) -> list[str]:
     """The plugins in the ``config.yaml`` of the run folder holding checkpoint ``file`` (none if unreadable)."""
     from teachkit.config import read_yaml
@@ -317,7 +284,7 @@ def _train(args: argparse.Namespace) -> int:
 def _eval(args: argparse.Namespace) -> int:
     from teachkit.config import DataConfig, from_dict, merge, parse_overrides
     from teachkit.engine import EVALUATORS
-    from teachkit.recipes.common import check_compatible, checkpoint_file, load_data, load_model
+    from teachkit.recipes.common import check_compatible, checkpoint_file, load_data, load_model, student_of
     from teachkit.registry import import_plugins
 
     folder, role = student_of(Path(args.checkpoint))

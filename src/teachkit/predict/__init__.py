@@ -17,7 +17,7 @@ import torch
 from teachkit.errors import CheckpointError, ConfigError
 from teachkit.predict import generic, images, tables, text, translation  # noqa: F401  (register their predictors)
 from teachkit.predict.base import PREDICTORS, Predictor, predictor_class, register_predictor
-from teachkit.recipes.common import load_model
+from teachkit.recipes.common import load_model, student_of
 from teachkit.registry import import_plugins
 from teachkit.trust import reading_from
 
@@ -43,6 +43,7 @@ def resolve_checkpoint(path: str | Path, select: str = "best") -> tuple[Path, Pa
                               ".safetensors checkpoint)")
     if (path / EXPORT_WEIGHTS).is_file():
         return path / EXPORT_WEIGHTS, path
+    path, _ = student_of(path)  # a composed run (TAKD, ESKD, BAN): its final student, as teachkit eval finds it
     file = path / "checkpoints" / f"{select}.safetensors"
     if not file.is_file():
         raise CheckpointError(f"{str(path)!r} holds no checkpoints/{select}.safetensors and no {EXPORT_WEIGHTS}: not "

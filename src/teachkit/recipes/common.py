@@ -27,7 +27,7 @@ from teachkit.options import short_repr
 from teachkit.trust import TrustError, reading_from
 
 __all__ = ["FrozenTeacher", "RunResult", "check_compatible", "checkpoint_file", "composed_cost", "device_of",
-           "finished_run", "load_data", "load_model", "model_meta", "seed_everything", "with_changes"]
+           "finished_run", "load_data", "load_model", "model_meta", "seed_everything", "student_of", "with_changes"]
 
 
 @dataclass
@@ -246,3 +246,36 @@ def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | N
         check_tokenizer(teacher_state.get("tokenizer"), splits.train.x, side, f"{who}{where}", splits.name)
         check_recorded_fits(teacher_state, [s.x for s in (splits.train, *splits.eval_splits().values())],
                             f"{who}{where}", splits.name, side)
+
+
+def student_of(path: Path) -> tuple[Path, str]:
+    """The run folder holding the model a run folder stands for, and how to call it: a plain run folder is
+    itself; TAKD's student is in ``student/``; ESKD's in the ``from-epoch-NNNN/`` its summary names (the
+    best of a search); BAN's final student in the last ``gen-G/``."""
+    if not path.is_dir() or (path / "checkpoints").is_dir():
+        return path, "the model"
+    if (path / "student" / "checkpoints").is_dir():
+        return path / "student", "the student (TAKD run)"
+    summary: dict[str, Any] = {}
+    try:
+        loaded = json.loads((path / "summary.json").read_text())
+        summary = loaded if isinstance(loaded, dict) else {}
+    except (OSError, ValueError):
+        pass
+    students = sorted(p for p in path.glob("from-epoch-*") if (p / "checkpoints").is_dir())
+    if students:
+        epoch = summary.get("teacher_epoch")
+        named = path / f"from-epoch-{epoch:04d}" if isinstance(epoch, int) else None
+        if named is not None and named in students:
+            what = "the best student of the search" if len(students) > 1 else "the student"
+            return named, f"{what} (ESKD run, teacher epoch {epoch})"
+        if len(students) == 1:
+            return students[0], "the student (ESKD run)"
+        names = ", ".join(p.name for p in students[:4]) + (", ..." if len(students) > 4 else "")
+        raise CheckpointError(f"run folder {str(path)!r} holds {len(students)} students ({names}) and no finished "
+                              f"summary.json naming the best; evaluate one of them, e.g. {str(students[0])!r}")
+    generations = [p for p in path.glob("gen-*") if p.name[4:].isdigit() and (p / "checkpoints").is_dir()]
+    if generations:
+        last = max(generations, key=lambda p: int(p.name[4:]))
+        return last, f"the last generation's student ({last.name}, BAN run)"
+    return path, "the model"
