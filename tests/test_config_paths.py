@@ -60,6 +60,23 @@ def test_train_from_another_cwd_then_eval_from_a_third(project, tmp_path, monkey
     assert shown["acc"] == pytest.approx(summary["test_acc"], abs=0.006)
 
 
+def test_file_options_without_a_root_are_relative_to_the_file(project, tmp_path, monkeypatch, capsys):
+    """``data.options.train`` with no ``data.root`` (a dataset's declared file options) resolves like data.root."""
+    written = config(None)
+    written["data"] = {"name": "csv", "batch_size": 16, "options": {"label": "label", "train": "../data/x.csv"}}
+    (project / "configs" / "opts.yaml").write_text(yaml.safe_dump(written))
+    cfg = load_config(project / "configs" / "opts.yaml")
+    assert cfg.data.root is None and cfg.data.options["train"] == str(project / "data" / "x.csv")
+    assert cfg.data.options["label"] == "label"  # not a declared file option: untouched
+    with_root = {**written["data"], "root": "../data"}  # with a root the options stay relative to it
+    (project / "configs" / "root.yaml").write_text(yaml.safe_dump({**written, "data": with_root}))
+    assert load_config(project / "configs" / "root.yaml").data.options["train"] == "../data/x.csv"
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", str(project / "configs" / "opts.yaml"), f"out_dir={tmp_path / 'runs'}", "--quiet"]) == 0
+    recorded = read_yaml(tmp_path / "runs" / "wine" / "config.yaml")
+    assert recorded["data"]["options"]["train"] == str(project / "data" / "x.csv")
+
+
 def test_override_paths_are_relative_to_the_working_directory(project, monkeypatch):
     monkeypatch.chdir(project)  # the override names data/x.csv from here; the file's own value is replaced
     cfg = load_config(project / "configs" / "c.yaml", ["data.root=data/x.csv"])

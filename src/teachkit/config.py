@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 import teachkit.tasks  # noqa: F401  (task datasets and evaluators register before any config is validated)
-from teachkit.data import DataConfig
+from teachkit.data import DATASETS, DataConfig
 from teachkit.engine import LoopConfig, OptimConfig
 from teachkit.errors import ConfigError
 from teachkit.losses import OBJECTIVES, KDConfig
@@ -484,7 +484,22 @@ def map_paths(tree: dict, fn: PathFn) -> dict:
     for name, cls in SECTIONS.items():
         if isinstance(tree.get(name), dict):
             out[name] = _map_fields(cls, tree[name], fn, f"{name}.")
+    if isinstance(out.get("data"), dict):
+        out["data"] = _map_file_options(out["data"], fn)
     return out
+
+
+def _map_file_options(data: dict, fn: PathFn) -> dict:
+    """The ``data`` section with ``fn`` applied to the file options its dataset declares (``train``, ``val``,
+    ``test`` of the csv source...) when ``data.root`` is unset: with a root they are relative to it."""
+    name, options = data.get("name"), data.get("options")
+    if data.get("root") is not None or not isinstance(name, str) or name not in DATASETS \
+            or not isinstance(options, dict):
+        return data
+    declared = DATASETS.entry(name).paths
+    mapped = {k: fn(f"data.options.{k}", v) if k in declared and isinstance(v, str) else v
+              for k, v in options.items()}
+    return data if mapped == options else {**data, "options": mapped}
 
 
 def path_values(cfg: RunConfig) -> list[tuple[str, str]]:

@@ -87,6 +87,9 @@ class Entry(Generic[T]):
     description: str
     #: the options dataclass of this entry (None: it takes none)
     options: type | None = None
+    #: options that name files (a dataset's ``train`` / ``val`` / ``test``): relative to ``data.root`` when it is
+    #: set, else resolved like every path in a config file (relative to that file's folder)
+    paths: tuple[str, ...] = ()
 
 
 class Registry(Generic[T]):
@@ -101,8 +104,10 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
         self._on_register = on_register
 
-    def register(self, name: str, description: str = "", *, options: type | None = None) -> Callable[[T], T]:
-        """Decorator: ``@MODELS.register("resnet20", "CIFAR ResNet-20 (He et al. 2016)")``."""
+    def register(self, name: str, description: str = "", *, options: type | None = None,
+                 paths: tuple[str, ...] = ()) -> Callable[[T], T]:
+        """Decorator: ``@MODELS.register("resnet20", "CIFAR ResNet-20 (He et al. 2016)")``; ``paths``: the
+        options that name files (:attr:`Entry.paths`)."""
 
         def deco(obj: T) -> T:
             if name in self._entries:
@@ -110,7 +115,7 @@ class Registry(Generic[T]):
                 by = f" (first by {where})" if where else ""
                 raise DuplicateNameError(f"{self.kind} {name!r} registered twice{by}; choose another name")
             doc = description or (getattr(obj, "__doc__", None) or "").strip().split("\n")[0]
-            entry = Entry(name, obj, doc, options)
+            entry = Entry(name, obj, doc, options, tuple(paths))
             self._entries[name] = entry
             if self._on_register is not None:
                 self._on_register(entry)

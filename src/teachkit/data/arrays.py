@@ -100,7 +100,7 @@ def read_part(root: str | None, key: str, spec: Any, x_key: str, y_key: str) -> 
 
 
 @DATASETS.register(NAME, "your tensors from .npz, [x.npy, y.npy] or a .pt dict (options: train, val, test, x_key, "
-                         "y_key, task)")
+                         "y_key, task)", paths=("train", "val", "test"))
 def arrays(root: str | None = None, train: Any = None, val: Any = None, test: Any = None, x_key: str = "x",
            y_key: str = "y", task: str = "classification") -> RawDataset:
     """Your tensors per split from .npz / .npy pairs / .pt dicts; see the module docstring for the options."""

@@ -191,7 +191,7 @@ def _reader(dataset: str, read: Callable[[Path], Any], errors: tuple[type[BaseEx
 
 
 @DATASETS.register("csv", "your CSV table, one row per sample (options: train, val, test, label, features, "
-                          "split_column, task, delimiter)")
+                          "split_column, task, delimiter)", paths=("train", "val", "test"))
 def csv(root: str | None = None, train: Any = None, val: Any = None, test: Any = None, label: Any = "label",
         features: Any = None, split_column: Any = None, task: str = "classification",
         delimiter: str = ",") -> RawDataset:
@@ -210,7 +210,7 @@ def csv(root: str | None = None, train: Any = None, val: Any = None, test: Any =
 
 
 @DATASETS.register("parquet", "your Parquet table, one row per sample (options: train, val, test, label, features, "
-                              "split_column, task); needs pyarrow")
+                              "split_column, task); needs pyarrow", paths=("train", "val", "test"))
 def parquet(root: str | None = None, train: Any = None, val: Any = None, test: Any = None, label: Any = "label",
             features: Any = None, split_column: Any = None, task: str = "classification") -> RawDataset:
     """Your Parquet table(s) read with pandas + pyarrow; see the ``csv`` options (no ``delimiter``)."""

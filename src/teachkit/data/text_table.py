@@ -374,7 +374,8 @@ def check_columns(text_column: Any, text_pair_column: Any, label_column: Any, sp
 
 @DATASETS.register(NAME, "your sentences or sentence pairs with a label: CSV, TSV, Parquet or JSON Lines files "
                          "(options train, val, test, split_column, text_column, text_pair_column, label_column, task, "
-                         "tokenizer, teacher_tokenizer, max_length, cache_dir); tokenised and cached")
+                         "tokenizer, teacher_tokenizer, max_length, cache_dir); tokenised and cached",
+                   paths=("train", "val", "test"))
 def text_table(root: str | None = None, train: str | None = None, val: str | None = None, test: str | None = None,
                split_column: str | None = None, text_column: str = "text", text_pair_column: str | None = None,
                label_column: str = "label", task: str = "classification", tokenizer: str = "minilm-l6",
