@@ -45,7 +45,7 @@ import torch
 
 from teachkit.data.raw import DATASETS, REGRESSION, RawDataset, require
 from teachkit.data.text import text_option, tokenize_texts
-from teachkit.data.userdata import SPLITS, check_task, class_targets
+from teachkit.data.userdata import SPLITS, check_task, class_targets, resolve
 from teachkit.errors import ConfigError, DataError
 
 NAME = "text_table"
@@ -299,15 +299,7 @@ def locate(root: str | None, value: Any, key: str) -> Path:
         if not path.exists():
             raise DataError(f"dataset {NAME!r}: data.root {root!r} not found")
         return path
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"dataset {NAME!r} option {key!r} must be a path (a file or folder), got {value!r}")
-    path = Path(value).expanduser()
-    if not path.is_absolute() and root is not None:
-        path = (Path(root).parent if Path(root).is_file() else Path(root)) / path
-    if not path.exists():
-        where = f" (under data.root {root!r})" if root is not None and not Path(value).is_absolute() else ""
-        raise DataError(f"dataset {NAME!r}: {value!r} of option {key!r} not found{where}")
-    return path
+    return resolve(root, value, NAME, key, kind="file or folder")
 
 
 def split_parts(rows: TextRows, column: str) -> list[str]:

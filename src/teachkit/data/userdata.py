@@ -59,13 +59,13 @@ def str_list_option(dataset: str, key: str, value: Any) -> list[str]:
 def resolve(root: str | None, path: Any, dataset: str, key: str, kind: str = "file") -> Path:
     """``path`` (option ``key``) made absolute: relative paths are taken under ``root`` (``data.root``; its
     folder when it names a file), or the working directory without one. DataError naming the option and the
-    path when it does not exist."""
+    path when it is not a ``kind`` (``file``, ``folder``, or ``file or folder``)."""
     if not isinstance(path, str | os.PathLike) or not str(path):
         raise ConfigError(f"dataset {dataset!r} option {key!r} must be a path, got {path!r}")
     p = Path(os.path.expanduser(str(path)))
     if not p.is_absolute() and root is not None:
         p = (Path(root).parent if Path(root).is_file() else Path(root)) / p
-    exists = p.is_dir() if kind == "folder" else p.is_file()
+    exists = {"folder": p.is_dir(), "file": p.is_file()}.get(kind, p.exists())
     if not exists:
         where = f" (under data.root {root!r})" if root is not None and not Path(str(path)).is_absolute() else ""
         raise DataError(f"dataset {dataset!r}: {kind} {str(path)!r} of option {key!r} not found{where}")
