@@ -121,10 +121,10 @@ class Predictor:
     def scores(self, inputs: Any, batch_size: int = 256) -> np.ndarray:
         """The model's raw outputs (logits; regression values), float32, one row per input."""
         batch = self.preprocess(inputs)
-        rows = _rows(batch)
         out = [_output(self.model(_take(batch, slice(i, i + batch_size)))).float().cpu()
-               for i in range(0, rows, batch_size)]
-        return torch.cat(out).numpy() if out else np.zeros((0,), np.float32)
+               for i in range(0, _rows(batch), batch_size)]
+        width = int(self.state.get("num_classes") or 1)
+        return torch.cat(out).numpy() if out else np.zeros((0, width), np.float32)
 
     def predict_proba(self, inputs: Any, batch_size: int = 256) -> np.ndarray:
         """Class probabilities (softmax of the logits; sigmoid for one-logit binary models)."""
@@ -184,14 +184,18 @@ def _output(out: Any) -> torch.Tensor:
 
 
 def _rows(batch: Any) -> int:
+    """The number of inputs in a batch: a tensor, tokenised text (``num_rows``) or a mapping of tensors."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0])
+    if hasattr(batch, "num_rows"):  # TokenFeatures: a mapping whose len() counts its columns
+        return int(batch.num_rows)
     if isinstance(batch, dict):
         return int(next(iter(batch.values())).shape[0]) if batch else 0
     return len(batch)
 
 
 def _take(batch: Any, rows: slice) -> Any:
+    """Rows of a batch (TokenFeatures trims each selection to its longest input, as in evaluation)."""
     if isinstance(batch, torch.Tensor):
         return batch[rows]
     if isinstance(batch, dict):

@@ -15,7 +15,6 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from teachkit.data.raw import DATASETS, SPAN_TASKS, is_regression
@@ -31,7 +30,7 @@ from teachkit.data.text import (
 from teachkit.data.text_table import file_format, read_rows, texts_of
 from teachkit.data.translation_files import read_lines
 from teachkit.errors import CheckpointError, ConfigError, DataError
-from teachkit.predict.base import Predictor, _output, recorded_task, register_predictor
+from teachkit.predict.base import Predictor, recorded_task, register_predictor
 
 #: the folder of an export that holds a copied tokenizer
 TOKENIZER_FOLDER = "tokenizer"
@@ -148,7 +147,7 @@ class TextPredictor(Predictor):
         first, second = self.texts(inputs)
         columns = encode_pairs(self.tokenizer, first, second, self.max_length)
         info = TextInfo(max_length=self.max_length, tokenizers={"": self.tokenizer_entry})
-        return TokenFeatures({k: torch.from_numpy(v) for k, v in columns.items()}, info=info)
+        return TokenFeatures({k: torch.from_numpy(v) for k, v in columns.items()}, info=info).to(self.device)
 
     def read_inputs(self, path: Path) -> tuple[Any, list[str]]:
         """A ``.txt`` file (one input per line; blank lines skipped; a tab separates a pair) or a table with the
@@ -176,26 +175,6 @@ class TextPredictor(Predictor):
                 items.append(line)
             names.append(str(number))
         return items, names
-
-    # -- outputs -----------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def scores(self, inputs: Any, batch_size: int = 256) -> np.ndarray:
-        """Logits (regression: values), float32 (N, C); each batch padded to its longest input, as in evaluation."""
-        x = self.preprocess(inputs)
-        out = [_output(self.model(x.rows(slice(i, i + batch_size)).to(self.device))).float().cpu()
-               for i in range(0, x.num_rows, batch_size)]
-        width = int(self.state.get("num_classes") or 1)
-        return torch.cat(out).numpy() if out else np.zeros((0, width), np.float32)
-
-    def predict(self, inputs: Any, batch_size: int = 256) -> list[Any]:
-        if is_regression(self.task):  # GLUE's STS-B as well as task regression
-            return [float(v[0]) if len(v) == 1 else v.tolist() for v in self.scores(inputs, batch_size)]
-        return super().predict(inputs, batch_size)
-
-    def predict_proba(self, inputs: Any, batch_size: int = 256) -> np.ndarray:
-        if is_regression(self.task):
-            raise CheckpointError("predict_proba: a regression model has no class probabilities; use predict")
-        return super().predict_proba(inputs, batch_size)
 
     def export_files(self, folder: Path) -> dict[str, Any] | None:
         """A tokenizer given as a folder is saved into the export (``tokenizer/``); bundled names need nothing."""
