@@ -269,6 +269,14 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("predict-out-folder-missing", ["predict", "{tmp}/run", "{tmp}/in.csv", "--out", "{tmp}/no/p.csv"],
      {"run": DIR, "in.csv": "a\n1\n"}, {}, "p.csv': its folder"),
     ("export-not-a-run", ["export", "{tmp}/nothing", "{tmp}/exp"], {}, {}, "does not exist (expected a run folder"),
+    ("list-unknown-name", ["list", "losses", "kdd"], {}, {}, "no loss named 'kdd'"),
+    ("list-name-without-kind", ["list", "all", "kd"], {}, {}, "name a kind first"),
+    ("teacher-taps-unknown-key", ["distill", "{cfg}", "teacher.checkpoint={tmp}/run", "teacher.taps.embeding=fc"],
+     {"cfg.yaml": TINY, "run": DIR}, {}, "teacher.taps.embeding"),
+    ("text-table-missing-train", ["train", "{tmp}/t.yaml"],
+     {"t.yaml": "data: {name: text_table, options: {train: none.csv}}\nmodel: {name: mlp}\n"}, {}, "none.csv"),
+    ("sweep-missing-data-file", ["sweep", "{tmp}/s.yaml"],
+     {"cfg.yaml": TINY, "s.yaml": SWEEP + "grid:\n  data.root: [{tmp}/none.csv]\n"}, {}, "none.csv"),
 ]
 
 
@@ -291,7 +299,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 115 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 120 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
