@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from teachkit.errors import ConfigError
 from teachkit.options import Options, option, short_repr
@@ -49,3 +50,15 @@ def build_optimizer(params: list[nn.Parameter], cfg: OptimConfig) -> torch.optim
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov and cfg.momentum > 0,
                                weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+
+
+class SplitBackward:
+    """Mixin for an optimiser that needs the loss terms' gradients apart (DOT keeps one momentum for the task
+    loss and another for the distillation loss): the engine calls :meth:`backward` with the step's named terms
+    instead of backpropagating their sum, then ``step()`` as usual. Not combined with fp16's gradient scaler,
+    gradient clipping or several processes (the engine refuses those in one line)."""
+
+    def backward(self, terms: Mapping[str, Tensor], factor: float | None) -> None:
+        """Backpropagate ``terms`` (each times ``factor``, the chunk's share of the batch; None = 1), keeping
+        what :meth:`step` needs to tell them apart; called once per micro-batch chunk, before ``step()``."""
+        raise NotImplementedError

@@ -67,7 +67,7 @@ from teachkit.engine.checkpoint import (
     strip,
     write_error,
 )
-from teachkit.engine.optim import OptimConfig, build_optimizer
+from teachkit.engine.optim import OptimConfig, SplitBackward, build_optimizer
 from teachkit.engine.precision import (
     Compiled,
     PrecisionName,
@@ -324,6 +324,7 @@ class Trainer:
                 self.compiled.add(name, module)
         self.params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optim)
+        self._check_split_backward()
         self.steps = len(batches)
         self.select_metric = select_metric(evaluator, loop.select_metric)
         mode = loop.select_mode if loop.select_mode != "auto" else evaluator.direction(self.select_metric)
@@ -542,9 +543,8 @@ class Trainer:
                     raise self._nonfinite(value, epoch, step)
                 # chunks weigh by their share of the global batch's loss items; with several processes the
                 # gradient average over processes (x 1/world) is undone by the factor world
-                weighted = loss if len(chunks) == 1 and self.world == 1 else \
-                    loss * (chunk.items * self.world / batch.items)
-                (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
+                factor = None if len(chunks) == 1 and self.world == 1 else chunk.items * self.world / batch.items
+                self._backward(out.terms, loss, factor)
             if self.world > 1:
                 value = float(distributed.all_reduce_sum(step_loss))
                 if not math.isfinite(value):
@@ -655,6 +655,30 @@ class Trainer:
                 if used[i] > 0:
                     p.grad = flat[offset:offset + size].view_as(p)
                 offset += size
+
+    def _backward(self, terms: Mapping[str, Tensor], loss: Tensor, factor: float | None) -> None:
+        """Backpropagate the chunk's ``loss`` (the sum of ``terms``) times ``factor`` (None = 1), through the
+        gradient scaler in fp16; an optimiser that needs the terms apart (:class:`SplitBackward`) does it."""
+        if isinstance(self.optimizer, SplitBackward):
+            self.optimizer.backward(terms, factor)
+            return
+        weighted = loss if factor is None else loss * factor
+        (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
+
+    def _check_split_backward(self) -> None:
+        """An optimiser with :class:`SplitBackward` (DOT) runs in one process, without fp16's gradient scaler and
+        without clipping: a one-line ConfigError otherwise."""
+        if not isinstance(self.optimizer, SplitBackward):
+            return
+        name = self.optim_cfg.name
+        if self.scaler is not None:
+            raise ConfigError(f"optim.name={name} keeps the task and distillation gradients apart, which fp16's "
+                              f"gradient scaler does not support; use train.precision=fp32, bf16 or auto")
+        if self.optim_cfg.grad_clip:
+            raise ConfigError(f"optim.name={name} does not support optim.grad_clip={self.optim_cfg.grad_clip} "
+                              f"(its two momenta see the gradients apart); unset optim.grad_clip")
+        if self.world > 1:
+            raise ConfigError(f"optim.name={name} runs in one process, not {self.world}: run without torchrun")
 
     def _step(self, chunk: Batch, progress: Progress) -> StepOutput:
         """``step_fn`` under the run's autocast; a compile failure reverts the compiled models to eager mode
