@@ -54,7 +54,8 @@ def worker(args: argparse.Namespace) -> None:
                         torch.randint(0, classes, (n,), generator=gen).to(device))
     student = build_model(args.student, shape, classes).to(device)
     teacher = FrozenTeacher(build_model(args.teacher, shape, classes).to(device))
-    batches = BatchLoader(split, args.batch, shuffle=True, seed=0, augment=Augment(crop_pad=4, flip=True))
+    augment = Augment(crop_pad=4, flip=True, pad_mode="zeros")  # torchvision's RandomCrop(32, padding=4) + flip
+    batches = BatchLoader(split, args.batch, shuffle=True, seed=0, augment=augment)
 
     def step(batch, progress):
         logits = student(batch.x)

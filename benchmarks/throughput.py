@@ -12,10 +12,9 @@ CIFAR-100 shapes (3x32x32, 100 classes, synthetic data held in memory) and each 
     compile              the defaults + compile=true (student and frozen teacher; ``--no-compile`` skips it)
 
 it times, through teachkit's real engine (``fit`` over one epoch: ``BatchLoader`` with the on-device
-``Augment(crop_pad=4, flip=True)``, the lr schedule, the autocast and memory layout the setting resolves to, the
-NaN guard, device-side metrics; the teacher a ``FrozenTeacher`` passed as ``frozen=``, its weights cast to the
-autocast dtype once where FrozenTeacher takes ``autocast_dtype``; the per-epoch evaluation is skipped, it is no
-part of a step):
+``Augment(crop_pad=4, flip=True, pad_mode="zeros")``, the lr schedule, the autocast and memory layout the setting
+resolves to, the NaN guard, device-side metrics; the teacher a ``FrozenTeacher`` passed as ``frozen=``, its fp32
+weights run inside the step's autocast; the per-epoch evaluation is skipped, it is no part of a step):
 
     KD        0.1 CE + 0.9 Hinton KD (T=4) with the teacher's forward on every batch
     no-KD     the student's CE step alone (teachkit's label step)
@@ -26,7 +25,8 @@ part of a step):
 and the reference: a plain PyTorch KD loop written here -- a ``torch.utils.data.DataLoader`` (num_workers=0) over
 a Dataset doing per-sample transforms (random crop with 4-pixel zero padding, as torchvision's
 ``RandomCrop(32, padding=4)``, and a horizontal flip, in plain tensor ops), the teacher under ``torch.no_grad()``,
-the same batch and SGD -- at fp32 and at the precision and layout of every setting.
+the same batch and SGD -- at fp32 and at the precision and layout of every setting. Both pad with zeros (the common
+CIFAR recipe; teachkit's ``data.augment_options.pad_mode`` default), so both do the same augmentation work.
 
 A step's time is the gap between the starts of successive steps (so data loading, augmentation, backward and the
 optimiser step all count; on CUDA the device is synchronised first), median over ``--steps`` steps after 2
@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import inspect
 import json
 import math
 import platform
@@ -92,6 +91,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "compile": {"compile": True},
 }
 SHAPE, CLASSES, WARMUP = (3, 32, 32), 100, 2
+#: the crop's padding in teachkit and in the plain loop alike: zeros, torchvision's RandomCrop(32, padding=4)
+PAD_MODE = "zeros"
 #: the issue's targets, checked on the default setting
 TARGET_SPEEDUP, TARGET_KD_PARTS, TARGET_CACHED = 2.4, 1.05, 1.15
 #: CPU flags that decide which precision runs fast (recorded in the header)
@@ -216,18 +217,6 @@ class PlainLoop:
 
 
 # ----------------------------------------------------------------------------------------------- the engine
-def casts_teacher() -> bool:
-    """Whether this teachkit's FrozenTeacher takes ``autocast_dtype`` (its convolution and linear weights cast to
-    the autocast dtype once, instead of by autocast on every forward)."""
-    return "autocast_dtype" in inspect.signature(FrozenTeacher.__init__).parameters
-
-
-def freeze(teacher: nn.Module, dtype: torch.dtype | None) -> FrozenTeacher:
-    """``teacher`` as the engine's frozen teacher for autocast to ``dtype`` (None: fp32)."""
-    return FrozenTeacher(teacher, autocast_dtype=dtype) if dtype is not None and casts_teacher() \
-        else FrozenTeacher(teacher)
-
-
 class StepsOnly(ClassificationEvaluator):
     """The classification evaluator's training metrics (train accuracy, accumulated on the device), without the
     per-epoch evaluation: no part of a step (and no eval-mode graph to compile)."""
@@ -238,7 +227,8 @@ class StepsOnly(ClassificationEvaluator):
 
 class Arm:
     """One setting of the engine: its own student (the pair's initial weights) and frozen teacher (the pair's
-    weights, in the setting's layout and autocast dtype), the KD objective and the cached view's logits."""
+    weights, in the setting's layout; the step's autocast casts them), the KD objective and the cached view's
+    logits."""
 
     def __init__(self, name: str, changes: dict[str, Any], bench: Bench) -> None:
         self.name, self.bench, device = name, bench, bench.device
@@ -248,7 +238,7 @@ class Arm:
         self.nhwc = resolve_channels_last(self.loop.channels_last, self.precision)
         self.layout = layout_name(self.precision.name, self.nhwc)
         self.student = bench.fresh_student()
-        self.frozen = freeze(channels_last(copy.deepcopy(bench.teacher), self.nhwc), self.precision.dtype)
+        self.frozen = FrozenTeacher(channels_last(copy.deepcopy(bench.teacher), self.nhwc))
         s_needs, t_needs = needs_of(["kd"])
         self.s_tap, self.t_tap = Tapped(self.student, want=s_needs), Tapped(self.frozen, want=t_needs)
         probe = bench.data.x[:2]
@@ -350,7 +340,7 @@ class Bench:
         x, y = torch.randn(n_all, *SHAPE), torch.randint(0, CLASSES, (n_all,))
         self.data = TensorSplit(x[:n].to(device), y[:n].to(device))  # the timed epochs: steps + warm-up + 1 batches
         self.all = TensorSplit(x.to(device), y.to(device))  # also the host-sync count's epochs
-        self.augment = Augment(crop_pad=4, flip=True)
+        self.augment = Augment(crop_pad=4, flip=True, pad_mode=PAD_MODE)  # as the plain loop's CropFlip
         self.loader = BatchLoader(self.data, args.batch, shuffle=True, seed=0, augment=self.augment)
         self.evaluator = StepsOnly({}, CLASSES)
         self.teacher = build_model(teacher, SHAPE, CLASSES).to(device).eval()
@@ -577,8 +567,10 @@ def main() -> None:
                   "threads": torch.get_num_threads(), "cpu_flags": flags, "fast_bf16": fast_bf16(device),
                   "batch": args.batch, "steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,
                   "peak_matmul_size": peak_size,
-                  "data": "synthetic 3x32x32, 100 classes, Augment(crop_pad=4, flip=True)",
-                  "objective": "0.1 CE + 0.9 Hinton KD (T=4)", "teacher_weights_cast_once": casts_teacher(),
+                  "data": f"synthetic 3x32x32, 100 classes, Augment(crop_pad=4, flip=True, pad_mode={PAD_MODE!r}) "
+                          "(the plain loop: the same zero-padded crop + flip per sample)",
+                  "objective": "0.1 CE + 0.9 Hinton KD (T=4)",
+                  "teacher": "FrozenTeacher, fp32 weights under the step's autocast",
                   "settings": {a.name: {"loop": SETTINGS[a.name], "precision": a.precision.name,
                                         "channels_last": a.nhwc, "compile": a.compile} for a in arms0}}
         if device.type == "cuda":  # fp32 matmuls and convolutions may run in TF32 (then % of the fp32 peak > 100)
@@ -587,8 +579,8 @@ def main() -> None:
         print(f"device {device} ({header['device_name']}), torch {torch.__version__}, {header['threads']} threads, "
               f"CPU flags: {' '.join(flags) or 'none of ' + ' '.join(FLAGS)}, fast bf16: {header['fast_bf16']}")
         print(f"batch {args.batch}, median over {args.steps} steps after {WARMUP} warm-up steps, best of "
-              f"{args.rounds} interleaved round(s); {header['data']}; {header['objective']}; FrozenTeacher "
-              f"{'casts its weights to the autocast dtype once' if casts_teacher() else 'runs under autocast'}")
+              f"{args.rounds} interleaved round(s); {header['data']}; {header['objective']}; teacher: "
+              f"{header['teacher']}")
         for a in arms0:
             loop = ", ".join(f"{k}={v}" for k, v in SETTINGS[a.name].items()) or "LoopConfig defaults"
             print(f"setting {a.name}: {loop} -> runs {a.layout}{' + torch.compile' if a.compile else ''}")

@@ -55,7 +55,9 @@ def recipe(lr: float) -> dict:
             "milestones": [150, 180, 210], "gamma": 0.1}
 
 
-DATA = {"name": "cifar100", "root": "data", "augment": "crop_flip", "batch_size": 64}
+#: zero-padded crop: torchvision's RandomCrop(32, padding=4), as the paper's RepDistiller / mdistiller code
+DATA = {"name": "cifar100", "root": "data", "augment": "crop_flip", "augment_options": {"pad_mode": "zeros"},
+        "batch_size": 64}
 
 
 def teacher_config(model: str, loss: str) -> dict:

@@ -78,6 +78,8 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "train.epochs=1000.0 is not allowed: expected an integer (write 1000)"),
     ("long-value-is-cut", ["train", "{cfg}", "data.batch_size=[" + ", ".join(["12345"] * 5000) + "]"],
      {"cfg.yaml": TINY}, {}, "data.batch_size=[12345, 12345,"),
+    ("bad-pad-mode", ["train", "{cfg}", "data.augment_options.pad_mode=mirror"], {"cfg.yaml": TINY}, {},
+     "data.augment_options.pad_mode='mirror' is not allowed; choose one of: zeros, reflect"),
     ("unknown-top-key", ["train", "{cfg}", "trian.epochs=3"], {"cfg.yaml": TINY}, {},
      "unknown config key 'trian' (did you mean 'train'?)"),
     ("unknown-nested-key", ["train", "{cfg}", "optim.lrr=0.1"], {"cfg.yaml": TINY}, {},
@@ -114,9 +116,11 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("prokd-standardize-type", ["run", "prokd", "{cfg}", "prokd.logit_standardize=maybe"], {"cfg.yaml": TINY}, {},
      "prokd.logit_standardize='maybe' is not allowed"),
     ("bad-choice", ["train", "{cfg}", "optim.name=adam"], {"cfg.yaml": TINY}, {},
-     "optim.name='adam' is not allowed (did you mean 'adamw'?); choose one of: sgd, adamw"),
+     "optim.name='adam' is not allowed (did you mean 'adamw'?); choose one of: sgd, adamw, dot"),
     ("unknown-model", ["train", "{cfg}", "model.name=resnet2O"], {"cfg.yaml": TINY}, {}, "unknown model 'resnet2O'"),
     ("unknown-recipe", ["run", "nosuch", "{cfg}"], {"cfg.yaml": TINY}, {}, "unknown recipe 'nosuch'"),
+    ("unknown-callback", ["train", "{cfg}", "train.callbacks=[early_sotp]"], {"cfg.yaml": TINY}, {},
+     "train.callbacks[0]: unknown callback 'early_sotp' (did you mean 'early_stop'?); choose one of: early_stop"),
     # --- optimiser values
     ("adamw-beta-1", ["train", "{cfg}", "optim.name=adamw", "optim.betas=[0.9, 1.0]"], {"cfg.yaml": TINY}, {},
      "optim.betas=[0.9, 1.0] is not allowed: expected two numbers in [0, 1)"),
@@ -131,6 +135,12 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("gamma-zero", ["train", "{cfg}", "optim.gamma=0"], {"cfg.yaml": TINY}, {}, "optim.gamma=0.0 is out of range"),
     ("milestone-not-int", ["train", "{cfg}", "optim.milestones=[1.5]"], {"cfg.yaml": TINY}, {},
      "optim.milestones[0]=1.5 is not allowed: expected an integer"),
+    ("dot-delta-range", ["distill", "{cfg}", "optim.name=dot", "optim.dot_delta=0.2"], {"cfg.yaml": TINY}, {},
+     "optim.dot_delta=0.2 is out of range for optim.momentum=0.9: DOT's momenta"),
+    ("dot-fp16", ["distill", "{cfg}", "optim.name=dot", "train.precision=fp16"], {"cfg.yaml": TINY}, {},
+     "optim.name=dot keeps the task and distillation gradients apart, which fp16's gradient scaler does not support"),
+    ("dot-grad-clip", ["distill", "{cfg}", "optim.name=dot", "optim.grad_clip=1"], {"cfg.yaml": TINY}, {},
+     "optim.name=dot does not support optim.grad_clip=1.0"),
     # --- speed settings
     ("precision-unknown", ["train", "{cfg}", "train.precision=fp8"], {"cfg.yaml": TINY}, {},
      "train.precision='fp8' is not allowed; choose one of: auto, fp32, bf16, fp16"),
@@ -299,7 +309,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 120 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 125 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

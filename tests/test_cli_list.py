@@ -34,6 +34,12 @@ def test_loss_options_table(capsys):
     assert rows["top_k"][3].startswith("keep the teacher's k most probable classes")
 
 
+def test_callback_options_table(capsys):
+    rows = listed(capsys, "callbacks", "early_stop")
+    assert set(rows) >= {"patience", "min_delta"}
+    assert main(["list", "callbacks"]) == 0 and "early_stop" in capsys.readouterr().out
+
+
 def test_recipe_model_and_dataset_tables(capsys):
     prokd = listed(capsys, "recipes", "prokd")
     assert prokd["tau_max"][:3] == ["float", "10.0", ">= 1.0"] and "tau_max" in prokd["tau_max"][3]
@@ -49,6 +55,7 @@ def test_recipe_model_and_dataset_tables(capsys):
     (["losses", "crd"], "kd.options.crd.<option>, weight kd.gamma.crd"),
     (["evaluators", "classification"], "chosen by the dataset's task"),
     (["datasets", "mnist5k"], "options: none"),
+    (["callbacks", "early_stop"], "train.callbacks: [{name: early_stop, options: {<option>: ...}}]"),
 ])
 def test_where_options_go_and_the_reference(capsys, args, says):
     assert main(["list", *args]) == 0

@@ -31,7 +31,7 @@ import hashlib
 import io
 import itertools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from torch import nn
 
 from teachkit.config import ModelConfig, from_dict, merge, read_yaml
 from teachkit.data import DataConfig, load_splits
+from teachkit.engine.callbacks import Callback, with_callbacks
 from teachkit.engine.checkpoint import atomic_write, save_checkpoint
 from teachkit.errors import ConfigError
 from teachkit.models import MODELS
@@ -256,8 +257,9 @@ def _label(section: Mapping[str, Any]) -> str:
 
 
 def _run(recipe: str, tree: dict[str, Any], *, name: str | None, out_dir: str | Path, config: Any,
-         overrides: Mapping[str, Any] | None, resume: bool, quiet: bool, trust_code: bool) -> Run:
-    with trusting(trust_code):
+         overrides: Mapping[str, Any] | None, resume: bool, quiet: bool, trust_code: bool,
+         callbacks: Sequence[Callback] = ()) -> Run:
+    with trusting(trust_code), with_callbacks(callbacks):
         return _run_trusted(recipe, tree, name=name, out_dir=out_dir, config=config, overrides=overrides,
                             resume=resume, quiet=quiet)
 
@@ -314,16 +316,17 @@ def train(model: Any, data: Any, *, loss: str = "ce", epochs: int | None = None,
           optimizer: str | None = None, batch_size: int | None = None, seed: int | None = None,
           device: str | None = None, name: str | None = None, out_dir: str | Path = "runs", config: Any = None,
           overrides: Mapping[str, Any] | None = None, resume: bool = False, quiet: bool = False,
-          trust_code: bool = False) -> Run:
+          trust_code: bool = False, callbacks: Sequence[Callback] = ()) -> Run:
     """Train ``model`` on ``data``'s labels with ``loss`` (``ce``; ``mse``: the ECCV 2024 teacher, Eq. 4).
 
-    Returns the finished :class:`Run` (its folder is ``out_dir/name``, default ``train-<model>``, numbered
-    when taken)."""
+    ``callbacks``: :class:`~teachkit.engine.Callback` objects given to the run's trainer (after any named in
+    ``train.callbacks``; see docs/callbacks.md). Returns the finished :class:`Run` (its folder is
+    ``out_dir/name``, default ``train-<model>``, numbered when taken)."""
     tree = _common(data, out_dir, epochs, lr, optimizer, batch_size, seed, device)
     tree["model"] = model_section(model)
     tree["train"]["loss"] = loss
     return _run("train", tree, name=name, out_dir=out_dir, config=config, overrides=overrides, resume=resume,
-                quiet=quiet, trust_code=trust_code)
+                quiet=quiet, trust_code=trust_code, callbacks=callbacks)
 
 
 def save_trained_module(module: nn.Module, data: Mapping[str, Any], out_dir: str | Path) -> Path:
@@ -374,14 +377,16 @@ def distill(student: Any, teacher: Any, data: Any, *, method: str | list[str] = 
             seed: int | None = None, device: str | None = None, teacher_epochs: int | None = None,
             teacher_loss: str | None = None, name: str | None = None, out_dir: str | Path = "runs",
             config: Any = None, overrides: Mapping[str, Any] | None = None, resume: bool = False,
-            quiet: bool = False, trust_code: bool = False) -> Run:
+            quiet: bool = False, trust_code: bool = False, callbacks: Sequence[Callback] = ()) -> Run:
     """Distil ``student`` from ``teacher`` with ``method`` (``teachkit list losses``; a list combines several).
 
     ``teacher`` is a finished :class:`Run` or a checkpoint path (file or run folder) -- its data settings are
     checked against ``data`` so it cannot have seen the student's val/test split --, a model spec (a name, a
     class or function), trained first in the run's ``teacher/`` folder on the full training split
     (``teacher_epochs``, ``teacher_loss``), or a trained ``nn.Module`` used as it is: teachkit cannot know
-    what it was trained on, so the summary records ``teacher_overlap_allowed`` and a warning."""
+    what it was trained on, so the summary records ``teacher_overlap_allowed`` and a warning. ``callbacks``:
+    :class:`~teachkit.engine.Callback` objects given to every trainer of the run (an in-command teacher's, a
+    method's training stages, the student's)."""
     tree = _common(data, out_dir, epochs, lr, optimizer, batch_size, seed, device)
     tree["model"] = model_section(student, "student")
     tree["teacher"] = _teacher_section(teacher, teacher_epochs, teacher_loss, tree["data"], out_dir)
@@ -392,7 +397,7 @@ def distill(student: Any, teacher: Any, data: Any, *, method: str | list[str] = 
         kd["alpha"] = alpha
     tree["kd"] = kd
     return _run("kd", tree, name=name, out_dir=out_dir, config=config, overrides=overrides, resume=resume,
-                quiet=quiet, trust_code=trust_code)
+                quiet=quiet, trust_code=trust_code, callbacks=callbacks)
 
 
 def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_trajectory: Any = None,
@@ -401,12 +406,12 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
         device: str | None = None, teacher_epochs: int | None = None, teacher_loss: str | None = None,
         name: str | None = None, out_dir: str | Path = "runs", config: Any = None,
         overrides: Mapping[str, Any] | None = None, resume: bool = False, quiet: bool = False,
-          trust_code: bool = False) -> Run:
+          trust_code: bool = False, callbacks: Sequence[Callback] = ()) -> Run:
     """Run any registered recipe (``teachkit list recipes``: prokd, annealing, rco, takd, eskd, ban, l2t...).
 
     ``teacher_trajectory`` is a teacher run recorded with ``train.save_every`` (Pro-KD replay, ESKD, RCO);
     ``teacher`` a finished run / checkpoint or a model spec trained in the run; ``options`` the recipe's own
-    section, e.g. ``run("prokd", ..., options={"mode": "replay"})``."""
+    section, e.g. ``run("prokd", ..., options={"mode": "replay"})``; ``callbacks`` as in :func:`distill`."""
     if teacher is not None and teacher_trajectory is not None:
         raise ConfigError("give teacher or teacher_trajectory, not both")
     entry = RECIPES.entry(recipe)
@@ -419,7 +424,7 @@ def run(recipe: str, *, student: Any, data: Any, teacher: Any = None, teacher_tr
             raise ConfigError(f"recipe {recipe!r} takes no options")
         tree[recipe] = dict(options)
     return _run(recipe, tree, name=name, out_dir=out_dir, config=config, overrides=overrides, resume=resume,
-                quiet=quiet, trust_code=trust_code)
+                quiet=quiet, trust_code=trust_code, callbacks=callbacks)
 
 
 def load(run_or_path: Run | RunResult | str | Path, select: str = "best",

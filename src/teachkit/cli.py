@@ -77,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--quiet", action="store_true", help="print only errors and the final JSON line")
     _add_plugin_arg(ev)
     _add_trust_arg(ev)
-    ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes, evaluators (with options)")
-    ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "all"],
+    ls = sub.add_parser("list", help="list registered models, datasets, losses, recipes, evaluators, callbacks (with "
+                                     "options)")
+    ls.add_argument("what", nargs="?", choices=["models", "datasets", "losses", "recipes", "evaluators", "callbacks",
+                                                "all"],
                     default="all")
     ls.add_argument("name", nargs="?", default=None,
                     help="one entry: a table of its options (type, default, allowed values, help)")
@@ -319,7 +321,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from teachkit.data import DATASETS
-    from teachkit.engine import EVALUATORS
+    from teachkit.engine import CALLBACKS, EVALUATORS
     from teachkit.losses import LOSSES, OBJECTIVES
     from teachkit.models import MODELS
     from teachkit.models.zoo import describe_builder
@@ -333,11 +335,11 @@ def _list(args: argparse.Namespace) -> int:
 
         if args.what == "all":
             raise ConfigError(f"teachkit list {args.name}: name a kind first, e.g. teachkit list losses {args.name} "
-                              "(kinds: models, datasets, losses, recipes, evaluators)")
+                              "(kinds: models, datasets, losses, recipes, evaluators, callbacks)")
         print(describe_entry(args.what, args.name))
         return 0
     groups = {"models": [MODELS], "datasets": [DATASETS], "losses": [OBJECTIVES, LOSSES], "recipes": [RECIPES],
-              "evaluators": [EVALUATORS]}
+              "evaluators": [EVALUATORS], "callbacks": [CALLBACKS]}
     for name, registries in groups.items():
         if args.what not in (name, "all"):
             continue

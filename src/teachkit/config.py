@@ -31,6 +31,7 @@ import yaml
 import teachkit.tasks  # noqa: F401  (task datasets and evaluators register before any config is validated)
 from teachkit.data import DATASETS, DataConfig
 from teachkit.engine import LoopConfig, OptimConfig
+from teachkit.engine.callbacks import callback_specs
 from teachkit.errors import ConfigError
 from teachkit.losses import OBJECTIVES, KDConfig
 from teachkit.models import ModelConfig, TapSpec
@@ -60,11 +61,14 @@ class TrainConfig(LoopConfig):
     label_smoothing: float = option(0.0, ge=0.0, lt=1.0)
     deterministic: bool = False
     device: str = "auto"
+    #: engine callbacks by registered name, or ``{name, options}`` (teachkit.engine.callbacks; plugins add more)
+    callbacks: list[str | dict[str, Any]] = option(factory=list)
 
-    resumable = frozenset({"progress", "device", "tensorboard"})
+    resumable = frozenset({"progress", "device", "tensorboard", "callbacks"})
 
     def validate(self) -> None:
         OBJECTIVES.entry(self.loss)  # unknown names: one line with did-you-mean
+        callback_specs(self.callbacks, self.key("callbacks"))  # unknown names and bad options: one line
 
     def loop(self, **changes: Any) -> LoopConfig:
         """The engine's :class:`LoopConfig` for this section (``changes`` override fields)."""
@@ -147,6 +151,10 @@ class RunConfig(Options):
 
     def validate(self) -> None:
         import_plugins(self.plugins)  # already imported by from_dict; checks the names of a config made in Python
+        for key, optim in (("optim", self.optim), ("teacher.optim", self.teacher.optim)):
+            if optim.name == "dot" and self.train.precision == "fp16":  # refused here, before a teacher trains
+                raise ConfigError(f"{key}.name=dot keeps the task and distillation gradients apart, which fp16's "
+                                  "gradient scaler does not support; use train.precision=fp32, bf16 or auto")
         sections = {}
         for name, cls in SECTIONS.items():
             given = self.sections.get(name)

@@ -126,9 +126,11 @@ class Registry(Generic[T]):
     def entry(self, name: str) -> Entry[T]:
         """The entry registered as ``name``; a one-line ConfigError naming the options otherwise."""
         if name not in self._entries:
-            options = sorted(self._entries)
+            options = sorted(n for n in self._entries if "@" not in n)
+            local = len(self._entries) - len(options)  # ``label@python``: objects the Python API registered
+            more = f" (and {local} given as Python objects in this process)" if local else ""
             raise ConfigError(
-                f"unknown {self.kind} {name!r}{closest(name, options)}; choose one of: {', '.join(options)}"
+                f"unknown {self.kind} {name!r}{closest(name, options)}; choose one of: {', '.join(options)}{more}"
             )
         return self._entries[name]
 

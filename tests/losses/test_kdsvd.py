@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -241,3 +243,129 @@ def taps(*stage_maps):
 def test_bad_models_are_one_line_config_errors(student, teacher, match):
     with pytest.raises(ConfigError, match=match):
         KDSVD(student, teacher)
+
+
+# --- layout: mdistiller -------------------------------------------------------------------------------------------
+
+
+class _MdistillerReference:
+    """mdistiller's ``kdsvd_loss`` (megvii-research/mdistiller ``mdistiller/distillers/KDSVD.py``), written from its
+    steps, cross-check only: each (B, C, H, W) map viewed as (B, C H, W) and cast to ``dtype`` (their
+    ``.float()``), ``torch.svd``, non-finite entries zeroed, the first n vectors / values L2-normalised, the
+    student's k + 3 vectors aligned to the teacher's k by the largest |cosine| with its sign, both scaled by the
+    teacher's values, RBF exp(-d^2 / 8) between consecutive stages, finite-masked squared error summed / B."""
+
+    def __init__(self, k=1, dtype=torch.float32):
+        self.k, self.dtype = k, dtype
+
+    def svd(self, feat, n):
+        b, c, h, w = feat.shape
+        _, s, v = torch.svd(feat.view(b, c * h, w).to(self.dtype))
+        s, v = (torch.where(torch.isfinite(t), t, torch.zeros_like(t)) for t in (s, v))
+        return F.normalize(s[:, :n], dim=1), F.normalize(v[:, :, :n], dim=1)
+
+    def __call__(self, g_s, g_t):
+        losses, previous = [], None
+        for f_s, f_t in zip(g_s, g_t, strict=True):
+            s_t, v_t = self.svd(f_t, self.k)
+            _, v_s = self.svd(f_s, self.k + 3)
+            cosine = v_s.transpose(-2, -1) @ v_t
+            best = cosine.abs().max(dim=1, keepdim=True).values
+            v_s = v_s @ torch.where(best == cosine.abs(), torch.sign(cosine), torch.zeros_like(cosine))
+            v_t, v_s = v_t * s_t.unsqueeze(1), v_s * s_t.unsqueeze(1)
+            if previous is not None:
+                v_sb, v_tb = previous
+                s_rbf = torch.exp(-(v_s.unsqueeze(2) - v_sb.unsqueeze(1)).pow(2) / 8)
+                t_rbf = torch.exp(-(v_t.unsqueeze(2) - v_tb.unsqueeze(1)).pow(2) / 8)
+                l2 = (s_rbf - t_rbf.detach()).pow(2)
+                losses.append(torch.where(torch.isfinite(l2), l2, torch.zeros_like(l2)).sum())
+            previous = (v_s, v_t)
+        return [loss / g_s[0].shape[0] for loss in losses]
+
+
+def nonsquare_maps(generator, specs, dtype=torch.float64, requires_grad=False):
+    """(3, C, H, W) maps for (C, H, W) in ``specs``."""
+    return [torch.randn(3, c, h, w, dtype=dtype, generator=generator, requires_grad=requires_grad)
+            for c, h, w in specs]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_mdistiller_layout_matches_mdistillers_steps(k):
+    # non-square maps whose widths (5, 4, 3) exceed k + 3 only in part: the student's padding is exercised too
+    g = torch.Generator().manual_seed(11)
+    x = nonsquare_maps(g, ((4, 3, 5), (6, 2, 4), (8, 2, 3)), requires_grad=True)
+    g_s = [v * 2.0 for v in x]
+    g_t = nonsquare_maps(g, ((2, 4, 5), (3, 3, 4), (5, 1, 3)))  # other channel counts: only the widths must agree
+    ours = sum(kdsvd_terms(g_s, g_t, k, canonical=False, layout="mdistiller"))
+    ref = sum(_MdistillerReference(k, torch.float64)(g_s, g_t))
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(torch.autograd.grad(ours, x, retain_graph=True), torch.autograd.grad(ref, x),
+                               rtol=1e-6, atol=1e-12)
+    # float32, mdistiller's dtype: the same to float32 round-off
+    s32, t32 = [t.detach().float() for t in g_s], [t.float() for t in g_t]
+    ours32 = sum(kdsvd_terms(s32, t32, k, canonical=False, layout="mdistiller"))
+    assert ours32.dtype == torch.float32
+    torch.testing.assert_close(ours32, sum(_MdistillerReference(k)(s32, t32)), rtol=1e-4, atol=1e-6)
+    assert ours.item() > 0
+
+
+def test_mdistiller_layout_differs_from_repdistillers_on_non_square_maps():
+    g = torch.Generator().manual_seed(12)
+    g_s, g_t = nonsquare_maps(g, ((4, 3, 5), (4, 2, 4))), nonsquare_maps(g, ((4, 3, 5), (4, 2, 4)))
+    rep = sum(kdsvd_terms(g_s, g_t, canonical=False)).item()
+    mdi = sum(kdsvd_terms(g_s, g_t, canonical=False, layout="mdistiller")).item()
+    assert rep > 0 and mdi > 0 and abs(rep - mdi) > 1e-3 * max(rep, mdi)
+    assert mdi == pytest.approx(sum(_MdistillerReference(1, torch.float64)(g_s, g_t)).item(), rel=1e-10)
+
+
+def _rank_one_over_width(b, a=(1.0, 2.0, 2.0, 4.0)):
+    """A (1, 2, 2, W) map x[c, h, w] = a[c H + h] b[w]: its (C H) x W matrix is a b^T, so its only right singular
+    vector over W is +-b/|b|."""
+    return (torch.tensor(a, dtype=torch.float64)[:, None] * torch.tensor(b, dtype=torch.float64)).reshape(1, 2, 2, -1)
+
+
+def test_mdistiller_layout_hand_computed_two_stages():
+    # the numbers of test_hand_computed_two_stages with the vectors over the width W = 2: teacher (0.6, 0.8)
+    # then (1, 0), student -(0.8, 0.6) then (1, 0): 2 (e^-0.005 - e^-0.02)^2 + 2 (e^-0.08 - e^-0.045)^2.
+    g_s = [_rank_one_over_width((-0.8, -0.6)), _rank_one_over_width((1.0, 0.0))]
+    g_t = [_rank_one_over_width((3.0, 4.0)), _rank_one_over_width((2.0, 0.0))]
+    v, _ = right_singular(g_t[0], 1, "mdistiller")
+    assert v.abs().flatten().tolist() == pytest.approx([0.6, 0.8], abs=1e-12)
+    (term,) = kdsvd_terms(g_s, g_t, layout="mdistiller")
+    expected = 2 * (math.exp(-0.005) - math.exp(-0.02)) ** 2 + 2 * (math.exp(-0.08) - math.exp(-0.045)) ** 2
+    assert term.item() == pytest.approx(expected, rel=1e-9) and expected == pytest.approx(0.0026012358, rel=1e-7)
+    assert kdsvd_terms(g_s, g_t)[0].item() != pytest.approx(expected, rel=1e-3)  # over the channels: another value
+
+
+def test_layout_option_trains_on_zoo_models():
+    student, teacher = make_pair("resnet8", "resnet20", shape=SHAPE)
+    terms, objective, _ = one_step("kdsvd", student, teacher, shape=SHAPE, batch_size=4,
+                                   options={"kdsvd": {"layout": "mdistiller"}})
+    assert torch.isfinite(terms["kdsvd"]) and terms["kdsvd"].item() > 0
+    assert objective.methods["kdsvd"].options == KDSVDOptions(layout="mdistiller")
+    assert "layout=mdistiller" in repr(objective.methods["kdsvd"]) and KDSVDOptions().layout == "repdistiller"
+
+
+def test_mdistiller_layout_pairs_stages_by_width():
+    wide = taps(torch.zeros(2, 4, 2, 4), torch.zeros(2, 8, 2, 2))
+    narrow = taps(torch.zeros(2, 6, 2, 4), torch.zeros(2, 6, 2, 3))
+    KDSVD(wide, taps(torch.zeros(2, 6, 3, 4), torch.zeros(2, 3, 1, 2)), KDSVDOptions(layout="mdistiller"))
+    with pytest.raises(ConfigError) as info:
+        KDSVD(wide, narrow, KDSVDOptions(layout="mdistiller"))
+    assert str(info.value) == ("'kdsvd' with kd.options.kdsvd.layout=mdistiller aligns singular vectors over the map "
+                               "width W, so paired stages need equal widths: student stage 1 / teacher stage 1 have "
+                               "W = 2 and 3 (use layout repdistiller, or pair stages of equal widths in "
+                               "model.taps.stages)")
+    with pytest.raises(ConfigError, match="needs at least 2 paired spatial stage maps"):
+        KDSVD(taps(torch.zeros(2, 4, 2, 2)), taps(torch.zeros(2, 4, 2, 2)), KDSVDOptions(layout="mdistiller"))
+    with pytest.raises(ConfigError, match="'kdsvd' needs the student's 'stages' tap"):
+        KDSVD(Taps(torch.zeros(2, 3)), wide, KDSVDOptions(layout="mdistiller"))
+
+
+def test_bad_layout_is_a_one_line_error_naming_the_choices():
+    from teachkit.losses import KDConfig
+    from teachkit.options import from_mapping
+
+    with pytest.raises(ConfigError) as info:
+        from_mapping(KDConfig, {"method": "kdsvd", "options": {"kdsvd": {"layout": "hw_c"}}}, "kd")
+    assert "kd.options.kdsvd.layout='hw_c'" in str(info.value) and "repdistiller, mdistiller" in str(info.value)

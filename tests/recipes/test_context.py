@@ -141,6 +141,25 @@ def test_resume_may_extend_train_epochs_but_not_shrink_it(tiny, tmp_path):
         train_model(tiny(name="e", train={"epochs": 4}, optim={"lr": 0.1}), resume=True)
 
 
+def test_a_folder_from_before_pad_mode_resumes_only_with_reflect_padding(tiny, tmp_path):
+    """Crops padded by reflection before ``data.augment_options`` existed: resuming such a folder with today's
+    default (zeros) would change the padding half-way; it is refused, and ``pad_mode=reflect`` resumes it."""
+    train_model(tiny(name="old", data={"augment": "crop"}, train={"epochs": 1}))
+    saved = tmp_path / "runs" / "old" / "config.yaml"
+    data = yaml.safe_load(saved.read_text())
+    assert data["data"].pop("augment_options") == {"pad_mode": "zeros"}
+    saved.write_text(yaml.safe_dump(data))  # as an older version wrote it
+    with pytest.raises(ConfigError, match=r"made with data.augment_options=\{'pad_mode': 'reflect'\}, not "
+                                          r"\{'pad_mode': 'zeros'\}"):
+        train_model(tiny(name="old", data={"augment": "crop"}, train={"epochs": 2}), resume=True)
+    reflect = {"augment": "crop", "augment_options": {"pad_mode": "reflect"}}
+    assert [r["epoch"] for r in train_model(tiny(name="old", data=reflect, train={"epochs": 2}),
+                                            resume=True).history] == [1, 2]
+    assert context.legacy_pad_mode({"data": {"name": "digits", "augment": "auto"}}) == \
+        {"data": {"name": "digits", "augment": "auto"}}  # auto does not crop digits: nothing to pin
+    assert context.legacy_pad_mode({"data": {"name": "cifar10"}})["data"]["augment_options"] == {"pad_mode": "reflect"}
+
+
 # ----------------------------------------------------------------------------- where the folder goes
 
 

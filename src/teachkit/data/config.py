@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from teachkit.data.augment import AugmentOptions
 from teachkit.data.raw import DATASETS
 from teachkit.errors import ConfigError
 from teachkit.options import Options, option
@@ -29,6 +30,8 @@ class DataConfig(Options):
     omit_classes: list[int] = option(factory=list)
     few_shot: int = option(0, ge=0)
     augment: Literal["auto", "none", "crop", "flip", "crop_flip"] = "auto"
+    #: how ``augment``'s crop pads: ``pad_mode`` zeros (torchvision's RandomCrop) or reflect (L2T-DLF)
+    augment_options: AugmentOptions = option(factory=AugmentOptions)
     #: text: batches of similar lengths (sorted within seeded groups of 50 batches), so less padding
     group_by_length: bool = False
     batch_size: int = option(128, ge=1)

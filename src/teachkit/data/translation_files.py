@@ -460,11 +460,31 @@ def _resolve_units(dataset: str, mode: str, marked: bool, bpe_size: int, shared:
     return mode
 
 
-def load_parallel(dataset: str, root: str | None, *, src_lang: Any, tgt_lang: Any, train: Any, valid: Any, test: Any,
-                  bpe_size: Any, bpe: Any, vocab_file: Any, min_freq: Any, lowercase: Any, max_length: Any,
-                  too_long: Any, empty_lines: Any, max_tokens: Any, decode: Any, beam: Any, length_penalty: Any,
-                  max_len_a: Any, max_len_b: Any, limit: Any, cache_dir: Any) -> RawDataset:
-    """The translation corpus of the files under ``root`` (module docstring)."""
+@dataclass(frozen=True)
+class _ParallelOptions:
+    """The checked options of :func:`load_parallel` (``valid`` None: carve the validation split from train)."""
+
+    src_lang: str
+    tgt_lang: str
+    train: str
+    valid: str | None
+    test: str
+    bpe_size: int
+    mode: str
+    vocab_file: str | None
+    min_freq: int
+    lowercase: bool
+    max_length: int
+    too_long: str
+    empty_lines: str
+    max_tokens: int | None
+    decode_options: DecodeOptions
+    limit: int | None
+    cache_dir: str | None
+
+
+def _check_languages(dataset: str, src_lang: Any, tgt_lang: Any) -> None:
+    """Both language suffixes given, file-name safe and different."""
     lang = "a language suffix of the files (a non-empty string without spaces or '/', e.g. 'de')"
     for key, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
         if value is None:
@@ -474,6 +494,14 @@ def load_parallel(dataset: str, root: str | None, *, src_lang: Any, tgt_lang: An
     if src_lang == tgt_lang:
         raise ConfigError(f"dataset {dataset!r} options 'src_lang' and 'tgt_lang' are both {src_lang!r}; they must "
                           "differ")
+
+
+def _parallel_options(dataset: str, *, src_lang: Any, tgt_lang: Any, train: Any, valid: Any, test: Any,
+                      bpe_size: Any, bpe: Any, vocab_file: Any, min_freq: Any, lowercase: Any, max_length: Any,
+                      too_long: Any, empty_lines: Any, max_tokens: Any, decode: Any, beam: Any, length_penalty: Any,
+                      max_len_a: Any, max_len_b: Any, limit: Any, cache_dir: Any) -> _ParallelOptions:
+    """Every option checked, in the order a user reads them; the first bad one is a one-line error."""
+    _check_languages(dataset, src_lang, tgt_lang)
     prefix = "a file name prefix (a non-empty string, e.g. 'train')"
     train = _text(dataset, "train", train, prefix)
     valid = _text(dataset, "valid", valid, f"{prefix[:-1]}, or null to carve it from train)", optional=True)
@@ -495,6 +523,14 @@ def load_parallel(dataset: str, root: str | None, *, src_lang: Any, tgt_lang: An
     if mode == "learn" and bpe_size == 0 and vocab_file is None:
         raise ConfigError(f"dataset {dataset!r} option bpe='learn' needs bpe_size >= 1, got 0")
     cache_dir = _text(dataset, "cache_dir", cache_dir, "a folder path", optional=True)
+    return _ParallelOptions(src_lang, tgt_lang, train, valid, test, bpe_size, mode, vocab_file, min_freq, lowercase,
+                            max_length, too_long, empty_lines, max_tokens, decode_options, limit, cache_dir)
+
+
+def _corpus_files(dataset: str, root: str | None, opts: _ParallelOptions) -> tuple[dict[str, list[Path]], str | None]:
+    """The (source, target) files of each split under ``root``, and the validation prefix: None when the default
+    ``valid`` has no files (the split is then carved from train)."""
+    src_lang, tgt_lang, train, valid, test = opts.src_lang, opts.tgt_lang, opts.train, opts.valid, opts.test
     if root is None:
         raise ConfigError(f"dataset {dataset!r} needs its files: set data.root to the folder holding "
                           f"{train}.{src_lang}, {train}.{tgt_lang}, {test}.{src_lang}, ... ({IWSLT14_HINT})")
@@ -520,69 +556,106 @@ def load_parallel(dataset: str, root: str | None, *, src_lang: Any, tgt_lang: An
         else:
             files["val"] = [require_file(p) for p in vpaths]
     files["test"] = [require_file(p) for p in paths(test)]
+    return files, valid
 
-    shared = shared_vocabulary(dataset, vocab_file) if vocab_file is not None else None
-    options = {"src_lang": src_lang, "tgt_lang": tgt_lang, "bpe_size": bpe_size, "bpe": mode, "min_freq": min_freq,
-               "lowercase": lowercase, "max_length": max_length, "too_long": too_long, "empty_lines": empty_lines,
-               "limit": limit, "carve": CARVE_EVERY if valid is None else None}
+
+def _cache_key(dataset: str, opts: _ParallelOptions, valid: str | None, files: dict[str, list[Path]],
+               shared: tuple[Vocab, JointBPE | None, str] | None) -> str:
+    """The translation cache key: reader version, options, the files' contents and the shared vocabulary."""
+    options = {"src_lang": opts.src_lang, "tgt_lang": opts.tgt_lang, "bpe_size": opts.bpe_size, "bpe": opts.mode,
+               "min_freq": opts.min_freq, "lowercase": opts.lowercase, "max_length": opts.max_length,
+               "too_long": opts.too_long, "empty_lines": opts.empty_lines, "limit": opts.limit,
+               "carve": CARVE_EVERY if valid is None else None}
     key_parts = {"reader": READER_VERSION, "dataset": dataset, "options": options,
                  "files": {part: [[p.name, file_sha256(p)] for p in ps] for part, ps in files.items()},
                  "vocab": None if shared is None else shared[0].digest,
                  "shared_bpe": None if shared is None or shared[1] is None else shared[1].digest}
-    key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()
 
-    def build() -> Encoded:
-        read: dict[str, SplitLines] = {}
-        for part, (sp, tp) in files.items():
-            s_lines, t_lines = read_lines(sp, dataset), read_lines(tp, dataset)
-            check_counts(dataset, sp, s_lines, tp, t_lines)
-            read[part] = SplitLines([normalise(s, lowercase) for s in s_lines],
-                                    [normalise(t, lowercase) for t in t_lines],
-                                    list(range(1, len(s_lines) + 1)), sp.name, tp.name)
-        notes: dict[str, Any] = {"files": {part: [str(p) for p in ps] for part, ps in files.items()}}
-        if "val" not in read:
-            whole = read["train"]
-            held = [i for i, n in enumerate(whole.lines) if n % CARVE_EVERY == 0]
-            held_set = set(held)
-            read["val"] = whole.take(held)
-            read["train"] = whole.take([i for i in range(len(whole)) if i not in held_set])
-            notes["val"] = (f"carved from {whole.src_file}/{whole.tgt_file}: every {CARVE_EVERY}rd line "
-                            "(prepare-iwslt14.sh)")
-        else:
-            notes["val"] = f"{read['val'].src_file}/{read['val'].tgt_file}"
-        skipped: dict[str, int] = {}
-        for part in SPLITS:
-            lines = read[part]
-            keep = []
-            for i, (s, t) in enumerate(zip(lines.src, lines.tgt, strict=True)):
-                if s and t:
-                    keep.append(i)
-                elif empty_lines == "reject":
-                    file = lines.src_file if not s else lines.tgt_file
-                    raise DataError(f"dataset {dataset!r}: {file} line {lines.lines[i]:,} is empty (option "
-                                    "empty_lines='reject'; 'skip' drops such pairs)")
-            skipped[part] = len(lines) - len(keep)
-            read[part] = lines.take(keep) if skipped[part] else lines
-        notes["skipped_empty"] = skipped
-        if limit is not None and len(read["train"]) > limit:
-            read["train"] = read["train"].take(range(limit))
-            notes["limit"] = f"the first {limit:,} training pairs"
-        for part in SPLITS:
-            if not len(read[part]):
-                raise DataError(f"dataset {dataset!r}: the {part} split holds no sentence pairs "
-                                f"({read[part].src_file}, {read[part].tgt_file})")
-        marked = is_bpe_marked(read["train"].src) or is_bpe_marked(read["train"].tgt)
-        units = _resolve_units(dataset, mode, marked, bpe_size, shared is not None,
-                               None if shared is None else shared[1])
-        sources = {} if shared is None else {"vocab": shared[2], "bpe": str(Path(shared[2]).with_name("bpe.json"))}
-        enc = encode_corpus(dataset, read, units=units, bpe=None if shared is None else shared[1],
-                            bpe_size=bpe_size, vocab=None if shared is None else shared[0], min_freq=min_freq,
-                            max_length=max_length, too_long=too_long, sources=sources)
-        enc.notes.update(notes)
-        return enc
 
-    enc = cached_corpus(key, cache_dir, build)
-    raw = make_dataset(dataset, enc, src_lang, tgt_lang, decode_options, max_tokens)
+def _read_splits(dataset: str, files: dict[str, list[Path]], lowercase: bool) -> dict[str, SplitLines]:
+    """Each split's normalised lines, the two sides checked to have as many lines."""
+    read: dict[str, SplitLines] = {}
+    for part, (sp, tp) in files.items():
+        s_lines, t_lines = read_lines(sp, dataset), read_lines(tp, dataset)
+        check_counts(dataset, sp, s_lines, tp, t_lines)
+        read[part] = SplitLines([normalise(s, lowercase) for s in s_lines],
+                                [normalise(t, lowercase) for t in t_lines],
+                                list(range(1, len(s_lines) + 1)), sp.name, tp.name)
+    return read
+
+
+def _carve_validation(read: dict[str, SplitLines]) -> str:
+    """Without validation files, every :data:`CARVE_EVERY`-th training line held out as ``val``; the note saying
+    where the validation split comes from."""
+    if "val" in read:
+        return f"{read['val'].src_file}/{read['val'].tgt_file}"
+    whole = read["train"]
+    held = [i for i, n in enumerate(whole.lines) if n % CARVE_EVERY == 0]
+    held_set = set(held)
+    read["val"] = whole.take(held)
+    read["train"] = whole.take([i for i in range(len(whole)) if i not in held_set])
+    return f"carved from {whole.src_file}/{whole.tgt_file}: every {CARVE_EVERY}rd line (prepare-iwslt14.sh)"
+
+
+def _drop_empty_pairs(dataset: str, read: dict[str, SplitLines], empty_lines: str) -> dict[str, int]:
+    """Pairs with an empty side dropped (``skip``) or refused (``reject``); the number dropped per split."""
+    skipped: dict[str, int] = {}
+    for part in SPLITS:
+        lines = read[part]
+        keep = []
+        for i, (s, t) in enumerate(zip(lines.src, lines.tgt, strict=True)):
+            if s and t:
+                keep.append(i)
+            elif empty_lines == "reject":
+                file = lines.src_file if not s else lines.tgt_file
+                raise DataError(f"dataset {dataset!r}: {file} line {lines.lines[i]:,} is empty (option "
+                                "empty_lines='reject'; 'skip' drops such pairs)")
+        skipped[part] = len(lines) - len(keep)
+        read[part] = lines.take(keep) if skipped[part] else lines
+    return skipped
+
+
+def _build_corpus(dataset: str, opts: _ParallelOptions, files: dict[str, list[Path]],
+                  shared: tuple[Vocab, JointBPE | None, str] | None) -> Encoded:
+    """Read, carve, clean and limit the splits, then encode them (module docstring, steps 1-6)."""
+    read = _read_splits(dataset, files, opts.lowercase)
+    notes: dict[str, Any] = {"files": {part: [str(p) for p in ps] for part, ps in files.items()}}
+    notes["val"] = _carve_validation(read)
+    notes["skipped_empty"] = _drop_empty_pairs(dataset, read, opts.empty_lines)
+    if opts.limit is not None and len(read["train"]) > opts.limit:
+        read["train"] = read["train"].take(range(opts.limit))
+        notes["limit"] = f"the first {opts.limit:,} training pairs"
+    for part in SPLITS:
+        if not len(read[part]):
+            raise DataError(f"dataset {dataset!r}: the {part} split holds no sentence pairs "
+                            f"({read[part].src_file}, {read[part].tgt_file})")
+    marked = is_bpe_marked(read["train"].src) or is_bpe_marked(read["train"].tgt)
+    units = _resolve_units(dataset, opts.mode, marked, opts.bpe_size, shared is not None,
+                           None if shared is None else shared[1])
+    sources = {} if shared is None else {"vocab": shared[2], "bpe": str(Path(shared[2]).with_name("bpe.json"))}
+    enc = encode_corpus(dataset, read, units=units, bpe=None if shared is None else shared[1],
+                        bpe_size=opts.bpe_size, vocab=None if shared is None else shared[0], min_freq=opts.min_freq,
+                        max_length=opts.max_length, too_long=opts.too_long, sources=sources)
+    enc.notes.update(notes)
+    return enc
+
+
+def load_parallel(dataset: str, root: str | None, *, src_lang: Any, tgt_lang: Any, train: Any, valid: Any, test: Any,
+                  bpe_size: Any, bpe: Any, vocab_file: Any, min_freq: Any, lowercase: Any, max_length: Any,
+                  too_long: Any, empty_lines: Any, max_tokens: Any, decode: Any, beam: Any, length_penalty: Any,
+                  max_len_a: Any, max_len_b: Any, limit: Any, cache_dir: Any) -> RawDataset:
+    """The translation corpus of the files under ``root`` (module docstring)."""
+    opts = _parallel_options(dataset, src_lang=src_lang, tgt_lang=tgt_lang, train=train, valid=valid, test=test,
+                             bpe_size=bpe_size, bpe=bpe, vocab_file=vocab_file, min_freq=min_freq,
+                             lowercase=lowercase, max_length=max_length, too_long=too_long, empty_lines=empty_lines,
+                             max_tokens=max_tokens, decode=decode, beam=beam, length_penalty=length_penalty,
+                             max_len_a=max_len_a, max_len_b=max_len_b, limit=limit, cache_dir=cache_dir)
+    files, valid = _corpus_files(dataset, root, opts)
+    shared = shared_vocabulary(dataset, opts.vocab_file) if opts.vocab_file is not None else None
+    key = _cache_key(dataset, opts, valid, files, shared)
+    enc = cached_corpus(key, opts.cache_dir, lambda: _build_corpus(dataset, opts, files, shared))
+    raw = make_dataset(dataset, enc, opts.src_lang, opts.tgt_lang, opts.decode_options, opts.max_tokens)
     raw.warnings.extend(note_warnings(dataset, enc.notes))
     return raw
 

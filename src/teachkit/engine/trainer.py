@@ -11,7 +11,8 @@
 - ``optim``: :class:`~teachkit.engine.optim.OptimConfig` (optimiser, warm-up and schedule, clipping);
 - ``evaluator``: a :class:`~teachkit.types.Evaluator` (val/test metrics; the selection metric);
 - ``loop``: :class:`LoopConfig` (epochs, seed, precision, selection, what the run folder keeps);
-- ``callbacks``: :class:`Callback` objects called at each epoch's start and end.
+- ``callbacks``: :class:`~teachkit.engine.callbacks.Callback` objects called at the run's start and end, each
+  epoch's start and end and after each optimiser step; one may stop the run (:meth:`Trainer.request_stop`).
 
 The engine does everything else once: autocast, backward, clipping, the NaN guard, per-epoch
 evaluation, the best-on-val record, atomic checkpoints with exact resume, the trajectory, metrics.jsonl,
@@ -30,7 +31,9 @@ so a long epoch shows a sign of life in a log; ``progress=False`` silences all o
 warnings (:meth:`Trainer.warn`) are then only kept for the summary.
 
 Host syncs: one per step, the NaN guard reading the loss (the progress bar's running values travel in
-the same transfer); metrics accumulate on the device and are read once per epoch.
+the same transfer); metrics accumulate on the device and are read once per epoch. Callbacks add none of their own:
+a step's :class:`~teachkit.engine.callbacks.StepInfo` holds device tensors, built only for callbacks that override
+``on_step_end``.
 
 :class:`Trainer` is the same loop one epoch at a time (``run_epoch``), for recipes that interleave two
 models (Pro-KD trains teacher and student in turn). Each Trainer owns its random stream: the global
@@ -47,7 +50,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -55,6 +58,12 @@ from tqdm.auto import tqdm
 
 from teachkit import distributed
 from teachkit.data.loader import BatchLoader
+from teachkit.engine.callbacks import (
+    Callback,
+    EpochHooks,  # noqa: F401  (re-exported: teachkit.engine.trainer.EpochHooks)
+    StepInfo,
+    overrides_step_end,
+)
 from teachkit.engine.checkpoint import (
     Trajectory,
     describe_mismatch,
@@ -121,32 +130,6 @@ class FitResult:
 
     summary: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
-
-
-class Callback:
-    """Hooks around each epoch; subclass and override what you need."""
-
-    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
-        """Before epoch ``epoch`` (0-based) trains."""
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        """After the epoch's record, checkpoints and metrics line are written."""
-
-
-class EpochHooks(Callback):
-    """A :class:`Callback` from plain functions: ``start(epoch)`` and ``end(record)``."""
-
-    def __init__(self, start: Callable[[int], None] | None = None,
-                 end: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.start, self.end = start, end
-
-    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
-        if self.start is not None:
-            self.start(epoch)
-
-    def on_epoch_end(self, trainer: Trainer, record: dict[str, Any]) -> None:
-        if self.end is not None:
-            self.end(record)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -267,6 +250,78 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+class StepDone(NamedTuple):
+    """What one optimiser step hands back to its epoch."""
+
+    #: the values its host sync read: the loss, then (with a progress bar) the bar's running sums; None: no rows
+    host: list[float] | None
+    #: the loss (``loss``) and terms summed as chunk value x chunk samples, on the device (None: not asked for)
+    terms: dict[str, Tensor] | None
+    #: this process's samples of the step
+    samples: int
+
+
+class EpochSums:
+    """The epoch's training metrics, summed on the device (the loss and terms weighted by each chunk's samples)
+    and read once, at the epoch's end."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}
+        #: samples of the global batches so far
+        self.seen = 0
+
+    def add(self, stats: Mapping[str, Tensor], metrics: Mapping[str, Tensor], size: int) -> None:
+        """Add a chunk's detached loss and terms (``train.<name>``, x ``size``) and its metric sums."""
+        for k, v in stats.items():
+            self.sums[f"train.{k}"] = self.sums.get(f"train.{k}", 0) + v.double() * size
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0) + v.double()
+
+    def running(self) -> list[Tensor]:
+        """The progress bar's running values: the loss sum, and the accuracy sum when the task has one."""
+        return [self.sums["train.loss"], *(self.sums[k] for k in ("train_acc",) if k in self.sums)]
+
+    def means(self) -> dict[str, float]:
+        """Every sum over all processes (one all-reduce and one read) divided by the samples seen."""
+        names = list(self.sums)
+        values = distributed.all_reduce_sum(torch.stack(list(self.sums.values()))).tolist() if names else []
+        return {k: v / max(1, self.seen) for k, v in zip(names, values, strict=True)}
+
+
+class EpochDisplay:
+    """An epoch's progress output on rank 0: a bar when stderr is a terminal (running loss, accuracy and
+    throughput), else a heartbeat line at most every ``trainer.heartbeat_s`` seconds; nothing without
+    ``loop.progress``. ``bar`` iterates over the epoch's batches."""
+
+    def __init__(self, trainer: Trainer, epoch: int) -> None:
+        loop = trainer.loop
+        self.trainer, self.epoch = trainer, epoch
+        self.show = loop.progress and bars_visible() and trainer.main
+        self.beat = loop.progress and trainer.main and not self.show  # in a log: heartbeat lines instead of the bar
+        self.t_start = self.last_beat = time.perf_counter()
+        self.bar = tqdm(trainer.batches.batches(epoch), total=trainer.steps,
+                        desc=f"{trainer.desc} {epoch + 1}/{loop.epochs}", disable=not self.show, leave=False,
+                        dynamic_ncols=True)
+
+    def step_done(self, step: int, host: list[float] | None, sums: EpochSums) -> None:
+        """The bar's postfix from the values the step's host sync read, or a heartbeat line when one is due."""
+        trainer, seen = self.trainer, sums.seen
+        if self.show and host is not None:
+            post = {"loss": f"{host[1] / seen:.4f}"}
+            if len(host) > 2:
+                post["acc"] = f"{host[2] / seen:.1f}"
+            post[f"{trainer.unit}_s"] = f"{seen / max(1e-9, time.perf_counter() - self.t_start):.0f}"
+            self.bar.set_postfix(post)
+        elif self.beat and step + 1 < trainer.steps and time.perf_counter() - self.last_beat >= trainer.heartbeat_s:
+            self.last_beat = time.perf_counter()
+            tqdm.write(trainer._heartbeat_line(self.epoch, step, seen, sums.sums, self.last_beat - self.t_start))
+
+    def close(self) -> float:
+        """Close the bar; the epoch's seconds so far."""
+        self.bar.close()
+        return time.perf_counter() - self.t_start
+
+
 class Trainer:
     """Train ``modules`` with ``step_fn`` over ``batches``; see the module docstring for the arguments.
 
@@ -294,7 +349,27 @@ class Trainer:
         self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         #: throughput unit (``img``, ``seq``, ``sent``...): the evaluator's, else by the first batch's inputs
         self.unit = evaluator.sample_unit
-        self.run_dir = Path(run_dir)
+        self._open_run_dir(Path(run_dir))
+        self.meta = dict(meta or {})
+        sync_bn = self._place_modules()
+        self._build_optimizer()
+        self.steps = len(batches)
+        self._choose_selection()
+        self._open_outputs()
+        self._reset_state()
+        self._startup_warnings(sync_bn)
+        if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
+            self._resume()
+        elif self.main:  # a fresh start forgets what an earlier attempt in this folder logged
+            self.log.reset()
+            if self.trajectory is not None:
+                self.trajectory.truncate(-1)
+        self.t_start = time.perf_counter()
+
+    def _open_run_dir(self, run_dir: Path) -> None:
+        """Create the run folder (a one-line WriteError when it cannot be); under torchrun each process trains on
+        its shard of every batch and rank 0 alone writes."""
+        self.run_dir = run_dir
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -304,14 +379,18 @@ class Trainer:
         self.main = self.rank == 0
         if self.main:
             remove_temporary_files(self.run_dir)  # left by a kill in the middle of an atomic write
-        self.meta = dict(meta or {})
+
+    def _place_modules(self) -> bool:
+        """Precision, memory layout, fp16's gradient scaler, SyncBatchNorm and torch.compile for the modules on
+        their device; returns whether BatchNorm statistics are synchronised over processes."""
+        loop = self.loop
         self.device = next(self.model.parameters()).device
         self.precision = resolve_precision(loop.precision, self.device, recurrent=has_recurrent(self.model))
         self.channels_last = resolve_channels_last(loop.channels_last, self.precision)
         for module in [*self.modules.values(), *self.frozen.values()]:
             channels_last(module, self.channels_last)
         self.scaler = self.precision.scaler(self.device)
-        self._check_world(batches)
+        self._check_world(self.batches)
         sync_bn = loop.sync_batchnorm and self.world > 1 and self.device.type == "cuda"
         if sync_bn:
             for name in list(self.modules):
@@ -322,18 +401,32 @@ class Trainer:
             self.compiled.add(next(iter(self.modules)), self.model)
             for name, module in self.frozen.items():
                 self.compiled.add(name, module)
+        return sync_bn
+
+    def _build_optimizer(self) -> None:
+        """The optimiser over every trainable parameter of the modules."""
         self.params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, optim)
+        self.optimizer = build_optimizer(self.params, self.optim_cfg)
         self._check_split_backward()
-        self.steps = len(batches)
-        self.select_metric = select_metric(evaluator, loop.select_metric)
-        mode = loop.select_mode if loop.select_mode != "auto" else evaluator.direction(self.select_metric)
+
+    def _choose_selection(self) -> None:
+        """The validation metric that selects the best checkpoint, and whether it is maximised."""
+        self.select_metric = select_metric(self.evaluator, self.loop.select_metric)
+        mode = self.loop.select_mode
+        mode = mode if mode != "auto" else self.evaluator.direction(self.select_metric)
         self.maximise = mode == "max"
+
+    def _open_outputs(self) -> None:
+        """Checkpoint paths, the run log, the trajectory (``loop.save_every``) and this trainer's random stream."""
+        loop = self.loop
         ckpt_dir = self.run_dir / "checkpoints"
         self.last_path, self.best_path = ckpt_dir / "last.safetensors", ckpt_dir / "best.safetensors"
         self.log = RunLog(self.run_dir, loop.tensorboard and self.main)
         self.trajectory = Trajectory(self.run_dir / "trajectory") if loop.save_every else None
         self.rng = RandomStream(loop.seed if self.main else rank_seed(loop.seed, self.rank), self.device)
+
+    def _reset_state(self) -> None:
+        """The state of a run that has trained no epoch (a resume then loads its checkpoint's)."""
         self.history: list[dict[str, Any]] = []
         self.epoch = 0  # epochs completed
         self.best: dict[str, Any] = {"epoch": 0}
@@ -345,18 +438,18 @@ class Trainer:
         #: recipe facts for the current epoch (phase, teacher epoch, temperature...), set by callbacks in
         #: ``on_epoch_start``: shown on the epoch line and stored in its metrics record under ``info``
         self.epoch_info: dict[str, Any] = {}
+        #: the reason of the first :meth:`request_stop`, and the stop once it took effect (reason, epoch, step)
+        self.stop_request: str | None = None
+        self.stopped: dict[str, Any] | None = None
+        self._started = False  # on_train_start called
+
+    def _startup_warnings(self, sync_bn: bool) -> None:
+        """Warnings about settings the run cannot honour as asked (precision, SyncBatchNorm on a CPU)."""
         if self.precision.warning:
             self.warn(self.precision.warning)
-        if loop.sync_batchnorm and self.world > 1 and not sync_bn:
+        if self.loop.sync_batchnorm and self.world > 1 and not sync_bn:
             self.warn("train.sync_batchnorm needs CUDA (PyTorch's SyncBatchNorm has no CPU kernel); BatchNorm "
                       "statistics stay per process")
-        if resume and self.last_path.is_file():  # resuming a run that never finished an epoch starts it
-            self._resume()
-        elif self.main:  # a fresh start forgets what an earlier attempt in this folder logged
-            self.log.reset()
-            if self.trajectory is not None:
-                self.trajectory.truncate(-1)
-        self.t_start = time.perf_counter()
 
     def _check_world(self, batches: BatchSource) -> None:
         """With several processes, each takes an equal share of every batch: ``data.batch_size`` must divide."""
@@ -397,6 +490,8 @@ class Trainer:
                         f"the metrics record of epoch {epoch}", None)
         seen = field_(state, "samples_seen", _is_number, "a number of samples", 0)
         train_time = field_(state, "train_time_s", _is_number, "a number of seconds", 0.0)
+        stopped = field_(state, "stopped", lambda v: isinstance(v, dict) and isinstance(v.get("reason"), str),
+                         "a stop's reason, epoch and step", None)
         if epoch > self.loop.epochs:
             raise ConfigError(f"cannot resume from {str(self.last_path)!r}: it finished {epoch} epochs, more than "
                               f"the {self.loop.epochs} asked for (train.epochs may only grow on resume)")
@@ -423,6 +518,8 @@ class Trainer:
             self.scaler.load_state_dict(scaler)
         self.epoch, self.best, self.wall_before = epoch, best, float(wall)
         self.samples_seen, self.train_time = int(seen), float(train_time)
+        if stopped is not None:  # a stopped run stays stopped
+            self.stopped, self.stop_request = dict(stopped), stopped["reason"]
         self.warnings = [str(w) for w in dict.fromkeys([*(str(w) for w in warnings), *self.warnings])]
         if self.main:
             self.history = self.log.repair(self.epoch, record)
@@ -448,7 +545,8 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return self.epoch >= self.loop.epochs
+        """Whether the run has trained all ``loop.epochs`` epochs or was stopped (:meth:`request_stop`)."""
+        return self.epoch >= self.loop.epochs or self.stopped is not None
 
     def keep_checkpoint_at(self, epochs: set[int]) -> None:
         """Also keep trajectory checkpoints after these epochs (e.g. phase boundaries)."""
@@ -462,8 +560,21 @@ class Trainer:
             tensors.update(prefixed(f"{name}/", module.state_dict()))
         return tensors
 
+    def request_stop(self, reason: str) -> None:
+        """Stop the run (from a callback; the first reason is kept). In one process the request is honoured after
+        the current optimiser step -- the epoch ends there and is evaluated and checkpointed as usual -- or, made in
+        ``on_epoch_end``, before the next epoch; with several processes at the end of the epoch (any process's
+        request stops all). ``done`` then holds, and the summary and the ``last`` checkpoint note ``stopped``."""
+        if self.stop_request is None:
+            self.stop_request = str(reason)
+
     def run_epoch(self) -> dict[str, Any]:
         """Train one epoch, evaluate, write checkpoints and the metrics line, then call the callbacks."""
+        if self.stopped is not None:
+            raise ConfigError(f"{self.desc}: training was stopped after epoch {self.stopped['epoch']} "
+                              f"({self.stopped['reason']}), but this recipe needs epoch {self.epoch + 1} of it; "
+                              f"remove the callback that stops it")
+        self._start_training()
         epoch = self.epoch
         self.epoch_info = {}
         for cb in self.callbacks:
@@ -480,7 +591,34 @@ class Trainer:
         self.epoch = epoch + 1
         for cb in self.callbacks:
             cb.on_epoch_end(self, record)
+        self._settle_stop()
         return record
+
+    def _start_training(self) -> None:
+        """``on_train_start`` of every callback, once per trainer (before its first epoch, or in ``finish``)."""
+        if not self._started:
+            self._started = True
+            for cb in self.callbacks:
+                cb.on_train_start(self)
+
+    def _settle_stop(self) -> None:
+        """A stop the finished epoch's checkpoint does not note yet (requested in ``on_epoch_end``; with several
+        processes, in any hook): every process agrees (one all-reduce per epoch with several) and the ``last``
+        checkpoint's state is rewritten to note it, so a resume does not train on."""
+        if self.stopped is not None:
+            return
+        requested = self.stop_request is not None
+        if self.world > 1:
+            flag = torch.tensor([float(requested)], dtype=torch.float64, device=self.device)
+            requested = float(distributed.all_reduce_sum(flag)) > 0
+        if not requested:
+            return
+        self.stopped = {"reason": self.stop_request or "requested by another process", "epoch": self.epoch,
+                        "step": self.steps}
+        if self.main:
+            tensors, state = load_checkpoint(self.last_path)
+            save_checkpoint(self.last_path, tensors, {**state, "stopped": self.stopped})
+        distributed.barrier()
 
     def _nonfinite(self, value: float, epoch: int, step: int) -> NonFiniteLossError:
         kept = (f"last good checkpoint {str(self.last_path)!r} (epoch {epoch})"
@@ -489,120 +627,172 @@ class Trainer:
                                   f"{kept}")
 
     def _train_epoch(self, epoch: int) -> dict[str, Any]:
-        loop, oc = self.loop, self.optim_cfg
+        """One epoch: its optimiser steps (each followed by the step callbacks and the stop check), then its end."""
         for module in self.modules.values():
             module.train()
-        sums: dict[str, Tensor] = {}
-        seen = 0
-        lr = oc.lr
-        t_epoch = time.perf_counter()
-        show = loop.progress and bars_visible() and self.main
-        beat = loop.progress and self.main and not show  # in a log: heartbeat lines instead of the bar
-        last_beat = t_epoch
-        bar = tqdm(self.batches.batches(epoch), total=self.steps, desc=f"{self.desc} {epoch + 1}/{loop.epochs}",
-                   disable=not show, leave=False, dynamic_ncols=True)
-        for step, batch in enumerate(bar):
-            if self.channels_last and isinstance(batch.x, Tensor) and batch.x.dim() == 4:
-                batch = batch.map_x(batch_channels_last)
-            progress = Progress(epoch, step, loop.epochs, self.steps)
-            if self.unit is None:
-                self.unit = input_unit(batch.x)
-            lr = oc.lr * lr_factor(oc, epoch, step, self.steps, loop.epochs)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            n = batch.size
-            seen += n
-            local = batch
-            if self.world > 1:  # this process's rows of the global batch (every process drew the same batch)
-                local = batch.rows(*distributed.shard_bounds(n, self.world, self.rank))
-            chunks = (local.chunks(loop.micro_batch) if loop.micro_batch else [local]) if local.size else []
-            self.optimizer.zero_grad(set_to_none=True)
-            step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-            for chunk in chunks:
-                out = self._step(chunk, progress)
-                loss = sum(out.terms.values())
-                m = chunk.size
-                with torch.no_grad():
-                    stats = {"loss": loss.detach(), **{k: v.detach() for k, v in out.terms.items()}}
-                    for k, v in stats.items():
-                        sums[f"train.{k}"] = sums.get(f"train.{k}", 0) + v.double() * m
-                    extra = self.evaluator.train_metrics(out.outputs, chunk) if out.outputs is not None else {}
-                    for k, v in {**extra, **out.metrics}.items():
-                        sums[k] = sums.get(k, 0) + v.double()
-                if self.world > 1:  # one guard per step, after every process's chunks (below)
-                    step_loss += stats["loss"].double()
-                # the chunk's one host sync: the NaN guard (and the progress bar's running values)
-                elif show:
-                    shown = [k for k in ("train_acc",) if k in sums]
-                    host = torch.stack([stats["loss"].double(), sums["train.loss"],
-                                        *(sums[k] for k in shown)]).tolist()
-                    value = host[0]
-                else:
-                    value = float(stats["loss"])
-                if self.world == 1 and not math.isfinite(value):
-                    raise self._nonfinite(value, epoch, step)
-                # chunks weigh by their share of the global batch's loss items; with several processes the
-                # gradient average over processes (x 1/world) is undone by the factor world
-                factor = None if len(chunks) == 1 and self.world == 1 else chunk.items * self.world / batch.items
-                self._backward(out.terms, loss, factor)
-            if self.world > 1:
-                value = float(distributed.all_reduce_sum(step_loss))
-                if not math.isfinite(value):
-                    raise self._nonfinite(value, epoch, step)
-                if show:
-                    shown = [k for k in ("train_acc",) if k in sums]
-                    host = [value, *torch.stack([sums["train.loss"], *(sums[k] for k in shown)]).tolist()]
-                self._average_gradients()
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)  # clipping sees the true gradients
-            if oc.grad_clip:
-                torch.nn.utils.clip_grad_norm_(self.params, oc.grad_clip)
-            if self.scaler is None:
-                self.optimizer.step()
-            else:  # skips the step when a gradient overflowed, and adapts the scale
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            if show:
-                post = {"loss": f"{host[1] / seen:.4f}"}
-                if shown:
-                    post["acc"] = f"{host[2] / seen:.1f}"
-                post[f"{self.unit}_s"] = f"{seen / max(1e-9, time.perf_counter() - t_epoch):.0f}"
-                bar.set_postfix(post)
-            elif beat and step + 1 < self.steps and time.perf_counter() - last_beat >= self.heartbeat_s:
-                last_beat = time.perf_counter()
-                tqdm.write(self._heartbeat_line(epoch, step, seen, sums, last_beat - t_epoch))
-        bar.close()
-        epoch_time = time.perf_counter() - t_epoch
+        sums = EpochSums()
+        display = EpochDisplay(self, epoch)
+        hooks = [cb for cb in self.callbacks if overrides_step_end(cb)]
+        lr, steps_run = self.optim_cfg.lr, 0
+        for step, batch in enumerate(display.bar):
+            batch = self._prepared(batch)
+            lr = self._set_lr(epoch, step)
+            sums.seen += batch.size
+            done = self._optimiser_step(batch, Progress(epoch, step, self.loop.epochs, self.steps), sums,
+                                        display.show, want_terms=bool(hooks))
+            display.step_done(step, done.host, sums)
+            steps_run = step + 1
+            if hooks:
+                self._step_end(hooks, epoch, step, done, lr)
+            if self.stop_request is not None and self.world == 1:
+                break
+        return self._end_epoch(epoch, lr, sums, display.close(), steps_run)
+
+    def _prepared(self, batch: Batch) -> Batch:
+        """``batch`` in channels_last layout when the run uses it; the throughput unit from the first one."""
+        if self.channels_last and isinstance(batch.x, Tensor) and batch.x.dim() == 4:
+            batch = batch.map_x(batch_channels_last)
+        if self.unit is None:
+            self.unit = input_unit(batch.x)
+        return batch
+
+    def _set_lr(self, epoch: int, step: int) -> float:
+        """The step's learning rate (warm-up and schedule), set on every parameter group."""
+        oc = self.optim_cfg
+        lr = oc.lr * lr_factor(oc, epoch, step, self.steps, self.loop.epochs)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _optimiser_step(self, batch: Batch, progress: Progress, sums: EpochSums, show: bool,
+                        want_terms: bool) -> StepDone:
+        """One optimiser step on ``batch``: forward and backward of each micro-batch chunk of this process's rows
+        (each weighted by its share of the global batch's loss items), the NaN guard (the step's host sync), the
+        gradient average over processes, then fp16's gradient scaler, clipping and the optimiser step."""
+        local = self._local_rows(batch)
+        chunks = (local.chunks(self.loop.micro_batch) if self.loop.micro_batch else [local]) if local.size else []
+        self.optimizer.zero_grad(set_to_none=True)
+        step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        terms: dict[str, Tensor] | None = {} if want_terms else None
+        host = None
+        for chunk in chunks:
+            out, loss, stats = self._forward_chunk(chunk, progress, sums)
+            if terms is not None:  # the step's sample-weighted sums, on the device (StepInfo)
+                for k, v in stats.items():
+                    terms[k] = terms.get(k, 0) + v.double() * chunk.size
+            if self.world > 1:  # one guard per step, after every process's chunks (below)
+                step_loss += stats["loss"].double()
+            else:
+                host = self._guard(stats["loss"], sums, show, progress)
+            # chunks weigh by their share of the global batch's loss items; with several processes the
+            # gradient average over processes (x 1/world) is undone by the factor world
+            factor = None if len(chunks) == 1 and self.world == 1 else chunk.items * self.world / batch.items
+            self._backward(out.terms, loss, factor)
+        if self.world > 1:
+            host = self._guard_processes(step_loss, sums, show, progress)
+            self._average_gradients()
+        self._apply_gradients()
+        return StepDone(host, terms, local.size)
+
+    def _local_rows(self, batch: Batch) -> Batch:
+        """This process's rows of the global batch (every process drew the same batch)."""
+        if self.world == 1:
+            return batch
+        return batch.rows(*distributed.shard_bounds(batch.size, self.world, self.rank))
+
+    def _forward_chunk(self, chunk: Batch, progress: Progress,
+                       sums: EpochSums) -> tuple[StepOutput, Tensor, dict[str, Tensor]]:
+        """The chunk's step output, its loss (the sum of the terms) and the detached loss and terms, added to the
+        epoch's sums with the evaluator's training metrics."""
+        out = self._step(chunk, progress)
+        loss = sum(out.terms.values())
+        with torch.no_grad():
+            stats = {"loss": loss.detach(), **{k: v.detach() for k, v in out.terms.items()}}
+            extra = self.evaluator.train_metrics(out.outputs, chunk) if out.outputs is not None else {}
+            sums.add(stats, {**extra, **out.metrics}, chunk.size)
+        return out, loss, stats
+
+    def _guard(self, loss: Tensor, sums: EpochSums, show: bool, progress: Progress) -> list[float]:
+        """The NaN guard of one chunk in one process: the chunk's one host sync, which also reads the progress
+        bar's running values when a bar is shown; a NonFiniteLossError for a loss that is not finite."""
+        host = torch.stack([loss.double(), *sums.running()]).tolist() if show else [float(loss)]
+        if not math.isfinite(host[0]):
+            raise self._nonfinite(host[0], progress.epoch, progress.step)
+        return host
+
+    def _guard_processes(self, step_loss: Tensor, sums: EpochSums, show: bool, progress: Progress) -> list[float]:
+        """The NaN guard of a step with several processes: the loss summed over them (one all-reduce)."""
+        value = float(distributed.all_reduce_sum(step_loss))
+        if not math.isfinite(value):
+            raise self._nonfinite(value, progress.epoch, progress.step)
+        return [value, *torch.stack(sums.running()).tolist()] if show else [value]
+
+    def _apply_gradients(self) -> None:
+        """fp16: unscale the gradients (clipping sees the true ones); clip; step (the scaler skips a step whose
+        gradients overflowed and adapts its scale)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.optim_cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params, self.optim_cfg.grad_clip)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+
+    def _step_end(self, hooks: list[Callback], epoch: int, step: int, done: StepDone, lr: float) -> None:
+        """``on_step_end`` of the callbacks that override it, with the step's means as device tensors."""
+        sums, n = done.terms or {}, max(1, done.samples)
+        loss = sums.pop("loss", None)
+        info = StepInfo(epoch=epoch, step=step, global_step=epoch * self.steps + step + 1,
+                        steps_per_epoch=self.steps, terms={k: v / n for k, v in sums.items()},
+                        loss=loss / n if loss is not None else torch.zeros((), dtype=torch.float64),
+                        samples=done.samples, lr=lr)
+        for cb in hooks:
+            cb.on_step_end(self, info)
+
+    def _end_epoch(self, epoch: int, lr: float, sums: EpochSums, epoch_time: float, steps_run: int) -> dict[str, Any]:
+        """The epoch's end: its metric means (one read), evaluation, the record, the best epoch and checkpoints."""
         self.train_time += epoch_time
-        self.samples_seen += seen
-        names = list(sums)
-        values = distributed.all_reduce_sum(torch.stack(list(sums.values()))).tolist() if names else []
+        self.samples_seen += sums.seen
+        means = sums.means()
         if self.world > 1:  # BatchNorm statistics as DistributedDataParallel keeps them: rank 0's
             for module in self.modules.values():
                 for buffer in module.buffers():
                     distributed.broadcast_(buffer)
-        means = {k: v / max(1, seen) for k, v in zip(names, values, strict=True)}
+        results = self.evaluator.evaluate(self.model)
+        record = self._epoch_record(epoch, lr, means, results, epoch_time, sums.seen)
+        self.history.append(record)
+        if self.stop_request is not None and self.world == 1:  # the steps stopped within this epoch
+            self.stopped = {"reason": self.stop_request, "epoch": epoch + 1, "step": steps_run}
+        self._checkpoint_epoch(record, results)
+        return record
+
+    def _epoch_record(self, epoch: int, lr: float, means: dict[str, float], results: dict[str, dict[str, float]],
+                      epoch_time: float, seen: int) -> dict[str, Any]:
+        """The epoch's line of ``metrics.jsonl``: lr, training means, other sums, val/test results, timing."""
         train = {k[len("train."):]: v for k, v in means.items() if k.startswith("train.")}
         train = {"loss": train.pop("loss"), **train} if "loss" in train else train
-        results = self.evaluator.evaluate(self.model)
-        val = results.get("val", {})
         record = {"epoch": epoch + 1, "lr": lr, "train": train,
                   **{k: v for k, v in means.items() if not k.startswith("train.")}, **results,
                   "epoch_time_s": epoch_time, "images_per_s": seen / max(1e-9, epoch_time)}
         if self.epoch_info:
             record["info"] = dict(self.epoch_info)
-        self.history.append(record)
+        return record
+
+    def _checkpoint_epoch(self, record: dict[str, Any], results: dict[str, dict[str, float]]) -> None:
+        """The best-on-val record, then (rank 0) the epoch's checkpoints and metrics line."""
+        epoch = record["epoch"]
         weights = self.weights()
-        state = {**self.meta, "epoch": epoch + 1, **{f"{s}_{k}": v for s, m in results.items() for k, v in m.items()}}
-        better = self._better(val.get(self.select_metric, float("nan")))
+        state = {**self.meta, "epoch": epoch, **{f"{s}_{k}": v for s, m in results.items() for k, v in m.items()}}
+        better = self._better(results.get("val", {}).get(self.select_metric, float("nan")))
         if better:
-            self.best = {"epoch": epoch + 1, "metric": self.select_metric, **results}
+            self.best = {"epoch": epoch, "metric": self.select_metric, **results}
         self.rng.capture()  # this trainer's stream as of now (inside its context)
         rng = self._rng_tensors()
         if self.main:
             self._write_epoch(record, weights, state, better, rng)
         distributed.barrier()  # the other processes read the run folder only once rank 0 has written it
-        return record
 
     def _write_epoch(self, record: dict[str, Any], weights: dict[str, Tensor], state: dict[str, Any], better: bool,
                      rng: dict[str, Tensor]) -> None:
@@ -618,7 +808,8 @@ class Trainer:
                         {**state, "best": self.best, "optimizer": opt_struct, "wall_time_s": self.wall_time,
                          "warnings": list(self.warnings), "samples_seen": self.samples_seen,
                          "scaler": self.scaler.state_dict() if self.scaler is not None else {},
-                         "world_size": self.world, "train_time_s": self.train_time, "record": record})
+                         "world_size": self.world, "train_time_s": self.train_time, "record": record,
+                         **({"stopped": self.stopped} if self.stopped is not None else {})})
         self.log.log(record)
         if loop.progress:
             tqdm.write(self._epoch_line(record))
@@ -744,7 +935,9 @@ class Trainer:
         epoch), ``best_val_m``, ``test_m_at_best`` and ``best_epoch``; every other metric as ``val_*`` /
         ``test_*`` of the last epoch. ``wall_time_s`` is this run's own time over every session; a ``cost``
         mapping given by the recipe is the total of everything the result is made of, so its ``wall_time_s``
-        is set to this run's when missing and is never less than it."""
+        is set to this run's when missing and is never less than it. A run stopped by a callback notes
+        ``stopped`` (reason, epoch, steps run in that epoch). Then ``on_train_end`` of every callback."""
+        self._start_training()  # on_train_start always precedes on_train_end, even with no epoch left to train
         m = self.select_metric
         last = self.history[-1] if self.history else {"epoch": self.epoch}
         nan = float("nan")
@@ -775,12 +968,16 @@ class Trainer:
             "compiled": list(self.compiled),
             **extra_summary,
         }
+        if self.stopped is not None:
+            summary["stopped"] = dict(self.stopped)
         if self.warnings:
             summary["warnings"] = list(self.warnings)
         if self.main:
             self.log.summary(summary)
         self.log.close()
         distributed.barrier()
+        for cb in self.callbacks:
+            cb.on_train_end(self, summary)
         return FitResult(summary, self.history)
 
 

@@ -5,9 +5,11 @@ measurement, and nothing is filled in where the page leaves a cell empty. Names 
 (``cifar100``), models (``resnet110``, ``wrn_40_2``, ``resnet50_cifar`` for RepDistiller's CIFAR ResNet-50)
 and methods (``kd.method`` names such as ``kd``, ``crd``, ``dkd``; recipe names ``train`` = no KD / from
 scratch, ``takd``, ``rco``, ``annealing``, ``prokd``). Models teachkit has no name for (the GLUE/SQuAD BERT
-family, ImageNet ResNets trained elsewhere) keep the paper's name; methods teachkit lacks (DOT, logit
-standardisation, MLKD) are spelled as in the page (``kd+dot``, ``kd+ls``). A ``train`` entry is a model
-trained on labels alone: ``teacher`` is None and ``student`` is the model (a teacher's own accuracy too).
+family, ImageNet ResNets trained elsewhere) keep the paper's name. MLKD is teachkit's method ``mlkd``. Logit
+standardisation (Sun et al. 2024) is not a method but the ``logit_standardize`` option of ``kd``, ``dkd`` and
+``mlkd``, so its rows keep the page's spelling ``<method>+ls`` (``kd+ls``, ``dkd+ls``, ``mlkd+ls``); so do the
+DOT rows (``kd+dot``), DOT being an optimiser, not a method. A ``train`` entry is a model trained on labels
+alone: ``teacher`` is None and ``student`` is the model (a teacher's own accuracy too).
 
 Not transcribed: the ECCV 2024 (Hamidi et al.) MSE-teacher numbers (the page gives only the CE-teacher
 baselines and the run-to-run variances of that grid), RCO's GLUE dev score (Table 4 prints an inconsistent

@@ -5,7 +5,7 @@
   student's, for rows whose runs have one;
 - ``temperature``: the per-epoch temperature the runs log (``info.T``: Pro-KD, Annealing-KD);
 - ``compute``: the selected test figure against images forwarded (student images seen + teacher forward
-  images, :func:`~teachkit.experiments.report.run_numbers`) and against wall time, one point per row with
+  images, :func:`~teachkit.experiments.report_rows.run_numbers`) and against wall time, one point per row with
   std error bars;
 - ``mse_vs_ce``: when ``teacher.loss`` is a report key taking ``ce`` and ``mse``, the paired MSE-minus-CE
   difference for each combination of the other report keys (method, pair), with its 95% t interval.
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from teachkit.engine.checkpoint import atomic_write
-from teachkit.experiments.report import Report, ReportRow, cell, pair_runs, run_numbers
+from teachkit.experiments.report_rows import ReportRow, cell, pair_runs, run_numbers
+from teachkit.experiments.report_table import Report
 from teachkit.experiments.stats import (
     MAX_FIGURE_WIDTH_IN,
     legend_outside,

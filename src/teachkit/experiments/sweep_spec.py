@@ -258,13 +258,8 @@ def _entries(raw: Any, axis: str, root: Path, grid_keys: set[str]) -> list[_Entr
     return out
 
 
-def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str] | None = None) -> SweepSpec:
-    """Parse and expand the sweep file ``path`` (``out_dir`` overrides the file's; ``overrides``, ``key=value``
-    as on the command line, apply to every run, after the base and before the grid and lists); every run's
-    config mapping is built but not yet validated (:func:`teachkit.experiments.sweep.plan_sweep` does that)."""
-    path = Path(path)
-    raw = read_yaml(path)
-    given = parse_overrides(overrides or [])
+def _check_sweep_keys(path: Path, raw: dict) -> None:
+    """Only the keys of a sweep file, and at least one that defines runs."""
     unknown = [k for k in raw if k not in SWEEP_KEYS]
     if unknown:
         raise ConfigError(f"sweep file {str(path)!r}: unknown key {short_repr(unknown[0])}"
@@ -274,40 +269,41 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
         raise ConfigError(f"sweep file {str(path)!r} defines no runs (it {what}): give it a base config (base: FILE "
                           f"and/or config: {{...}}) and a grid: and/or list: of overrides; allowed keys: "
                           f"{', '.join(SWEEP_KEYS)}")
-    root = path.resolve().parent
+
+
+def _name_and_out_dir(path: Path, raw: dict, out_dir: str | None) -> tuple[str, str]:
+    """The sweep's name (``sweep:``, else the file's stem) and its out_dir (``out_dir`` given, else the file's)."""
     name = raw.get("sweep", path.stem)
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"sweep={short_repr(name)} is not allowed: a folder name of letters, digits and _.+-")
     folder = out_dir if out_dir is not None else raw.get("out_dir", "runs/sweeps")
     if not isinstance(folder, str) or not folder:
         raise ConfigError(f"sweep out_dir={short_repr(folder)} must be a folder path")
-    recipe = raw.get("recipe", "kd")
+    return name, folder
+
+
+def _report_options(raw: dict) -> dict[str, Any]:
+    """The ``report:`` mapping (by, baseline, select, metric), empty when absent."""
     report = raw.get("report") or {}
     if not isinstance(report, dict):
         raise ConfigError(f"sweep report must be a mapping (by, baseline, select, metric), not {short_repr(report)}")
     unknown = [k for k in report if k not in ("by", "baseline", "select", "metric")]
     if unknown:
         raise ConfigError(f"sweep report: unknown key {short_repr(unknown[0])}; allowed: by, baseline, select, metric")
+    return report
 
-    def base_of(file: Path | None) -> dict:
-        data: dict = resolve_paths(read_yaml(file), file.parent) if file is not None else {}
-        if raw.get("plugins"):
-            data = merge(data, {"plugins": raw["plugins"]})
-        inline = raw.get("config") or {}
-        if not isinstance(inline, dict):
-            raise ConfigError(f"sweep config must be a mapping of config keys, not {short_repr(inline, 40)}")
-        return merge(merge(data, resolve_paths(inline, root)), resolve_paths(given))
 
+def _default_base(raw: dict, root: Path) -> Path | None:
+    """The sweep's ``base:`` config file, relative to the sweep file's folder ``root``; None without one."""
     base_file = raw.get("base")
     if base_file is not None and not isinstance(base_file, str):
         raise ConfigError(f"sweep base must be a path to a config file, not {short_repr(base_file)}")
-    default_base = (root / base_file) if base_file else None
+    return (root / base_file) if base_file else None
 
-    for item in overrides or []:
-        check_key(item.split("=", 1)[0].strip())
-    grid = _grid_axes(raw.get("grid"), "sweep grid")
-    grid_keys = {k for k, _ in grid}
-    lists = raw.get("list")
+
+def _list_axes(lists: Any, root: Path, grid_keys: set[str]) -> list[list[_Entry]]:
+    """The entries of each ``list:`` axis (one ``variant`` axis for a plain list); no key set by two axes, and
+    base and recipe set by one axis at most."""
     axes: list[list[_Entry]] = []
     if lists is not None:
         if isinstance(lists, dict):
@@ -325,12 +321,60 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
         if sum(1 for x in (a, b) if any(e.base for e in x)) > 1 or \
                 sum(1 for x in (a, b) if any(e.recipe for e in x)) > 1:
             raise ConfigError(f"lists {a[0].axis!r} and {b[0].axis!r} both set base or recipe: keep it in one")
+    return axes
 
+
+def _base_config(file: Path | None, raw: dict, root: Path, given: dict) -> dict:
+    """A run's config before its overrides: the base ``file`` (paths relative to it), the sweep's plugins, its
+    ``config:`` (paths relative to ``root``) and the command line's ``given`` overrides, merged in that order."""
+    data: dict = resolve_paths(read_yaml(file), file.parent) if file is not None else {}
+    if raw.get("plugins"):
+        data = merge(data, {"plugins": raw["plugins"]})
+    inline = raw.get("config") or {}
+    if not isinstance(inline, dict):
+        raise ConfigError(f"sweep config must be a mapping of config keys, not {short_repr(inline, 40)}")
+    return merge(merge(data, resolve_paths(inline, root)), resolve_paths(given))
+
+
+def _label_keys(axes: list[list[_Entry]], grid: list[tuple[str, list[Any]]]) -> tuple[list[str], dict[str, str]]:
+    """Every label key (the list axes, the grid keys, the entries' own grid keys) and the short names of the
+    config keys among them, as run names show them."""
     axis_keys = [e[0].axis for e in axes] + [k for k, _ in grid]
     inner_keys = list(dict.fromkeys(k for a in axes for e in a for k, _ in e.grid))
     all_keys = [*axis_keys, *[k for k in inner_keys if k not in axis_keys]]
-    seed_keys = [k for k in all_keys if k.split(".")[-1] in ("seed", "subset_seed")]
     shorts = _short_names([k for k in all_keys if k not in {e[0].axis for e in axes}])
+    return all_keys, shorts
+
+
+def _run_tree(base: dict, combo: tuple[_Entry, ...], chosen: dict[str, Any], root: Path) -> dict:
+    """A copy of ``base`` with the list entries' overrides, then the grid's chosen values, set."""
+    tree = json.loads(json.dumps(base))  # a deep copy of plain YAML values
+    for e in combo:
+        for k, v in e.overrides.items():
+            _set(tree, k, resolve_dotted(k, v, root))
+    for k, v in chosen.items():
+        if k != "recipe":
+            _set(tree, k, resolve_dotted(k, v, root))
+    return tree
+
+
+def _run_name(combo: tuple[_Entry, ...], chosen: dict[str, Any], values: dict[str, list[Any]], grid_keys: set[str],
+              shorts: dict[str, str]) -> str:
+    """The entries' labels, then ``key=value`` for each grid key that varies (an entry's grid keys always)."""
+    parts = [e.label for e in combo]
+    parts += [f"{shorts[k]}={_value_text(v)}" for k, v in chosen.items()
+              if len(values[k]) > 1 or k not in grid_keys]
+    if not parts:  # one run: named by what it sets
+        parts = [f"{shorts[k]}={_value_text(v)}" for k, v in chosen.items()]
+    return ",".join(parts) or "run"
+
+
+def _expand(raw: dict, root: Path, given: dict, default_base: Path | None, recipe: Any,
+            grid: list[tuple[str, list[Any]]], axes: list[list[_Entry]], all_keys: list[str],
+            shorts: dict[str, str]) -> list[RunSpec]:
+    """Every run: each combination of one entry per list axis, crossed with its entries' grids and the grid;
+    labelled on every key of ``all_keys``."""
+    grid_keys = {k for k, _ in grid}
     bases: dict[Path | None, dict] = {}
     runs: list[RunSpec] = []
     for combo in itertools.product(*axes) if axes else [()]:
@@ -339,21 +383,10 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
             chosen = dict(zip([k for k, _ in [*inner, *grid]], values, strict=True))
             base_path = next((e.base for e in combo if e.base), default_base)
             if base_path not in bases:
-                bases[base_path] = base_of(base_path)
-            tree = json.loads(json.dumps(bases[base_path]))  # a deep copy of plain YAML values
+                bases[base_path] = _base_config(base_path, raw, root, given)
             run_recipe = next((e.recipe for e in combo if e.recipe), None) or chosen.get("recipe") or recipe
-            for e in combo:
-                for k, v in e.overrides.items():
-                    _set(tree, k, resolve_dotted(k, v, root))
-            for k, v in chosen.items():
-                if k != "recipe":
-                    _set(tree, k, resolve_dotted(k, v, root))
-            parts = [e.label for e in combo]
-            parts += [f"{shorts[k]}={_value_text(v)}" for k, v in chosen.items()
-                      if len(dict([*inner, *grid])[k]) > 1 or k not in grid_keys]
-            if not parts:  # one run: named by what it sets
-                parts = [f"{shorts[k]}={_value_text(v)}" for k, v in chosen.items()]
-            run_name = ",".join(parts) or "run"
+            tree = _run_tree(bases[base_path], combo, chosen, root)
+            run_name = _run_name(combo, chosen, dict([*inner, *grid]), grid_keys, shorts)
             labels = {k: None for k in all_keys}
             labels.update({e.axis: e.label for e in combo})
             labels.update(chosen)
@@ -361,6 +394,29 @@ def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str
                 raise ConfigError(f"sweep recipe={short_repr(run_recipe)} must be a recipe name")
             runs.append(RunSpec(run_name, "kd" if run_recipe == "distill" else run_recipe,
                                 resolve_references(tree, f"sweep run {run_name!r}"), labels))
+    return runs
+
+
+def read_sweep(path: str | Path, out_dir: str | None = None, overrides: list[str] | None = None) -> SweepSpec:
+    """Parse and expand the sweep file ``path`` (``out_dir`` overrides the file's; ``overrides``, ``key=value``
+    as on the command line, apply to every run, after the base and before the grid and lists); every run's
+    config mapping is built but not yet validated (:func:`teachkit.experiments.sweep.plan_sweep` does that)."""
+    path = Path(path)
+    raw = read_yaml(path)
+    given = parse_overrides(overrides or [])
+    _check_sweep_keys(path, raw)
+    root = path.resolve().parent
+    name, folder = _name_and_out_dir(path, raw, out_dir)
+    recipe = raw.get("recipe", "kd")
+    report = _report_options(raw)
+    default_base = _default_base(raw, root)
+    for item in overrides or []:
+        check_key(item.split("=", 1)[0].strip())
+    grid = _grid_axes(raw.get("grid"), "sweep grid")
+    axes = _list_axes(raw.get("list"), root, {k for k, _ in grid})
+    all_keys, shorts = _label_keys(axes, grid)
+    seed_keys = [k for k in all_keys if k.split(".")[-1] in ("seed", "subset_seed")]
+    runs = _expand(raw, root, given, default_base, recipe, grid, axes, all_keys, shorts)
     names = [r.name for r in runs]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:

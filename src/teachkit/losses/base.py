@@ -16,18 +16,45 @@ loss module registers its class with its typed options dataclass next to its def
 
 The run configuration validates ``kd.options.<method>`` against the registered dataclass (types, ranges,
 choices; one-line errors naming the key), so a loss never re-checks its options; it only checks what
-depends on the models (tap shapes, stage indices), at construction from the probed taps.
+depends on the models (tap shapes, stage indices), at construction from the probed taps. The rank of the
+logits is checked here, for every method that reads them (:class:`LogitRanks`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor, nn
 
+from teachkit.errors import ConfigError
 from teachkit.types import Batch, Progress, Taps, TrainingStage
 
-__all__ = ["DistillLoss", "Progress"]
+__all__ = ["CLASS_LOGITS", "DistillLoss", "LogitRanks", "Progress", "check_logit_rank"]
+
+
+@dataclass(frozen=True)
+class LogitRanks:
+    """The logit ranks a method accepts: ``low`` to ``high`` (None: no upper bound), shown as ``layout``."""
+
+    low: int
+    high: int | None
+    layout: str
+
+    def allows(self, rank: int) -> bool:
+        return rank >= self.low and (self.high is None or rank <= self.high)
+
+
+#: Classification logits, one row per sample: the default of every method that reads logits.
+CLASS_LOGITS = LogitRanks(2, 2, "(batch, classes)")
+
+
+def check_logit_rank(method: str, side: str, logits: object, ranks: LogitRanks) -> None:
+    """One ConfigError line naming ``method``, the ``side``'s logit shape and what ``ranks`` allows, when a
+    tensor ``logits`` has a rank outside it (anything but a tensor is left to the method)."""
+    if isinstance(logits, Tensor) and not ranks.allows(logits.dim()):
+        raise ConfigError(f"{method} needs {ranks.layout} logits; the {side}'s are shaped {tuple(logits.shape)} "
+                          f"(rank {logits.dim()})")
 
 
 class DistillLoss(nn.Module):
@@ -46,6 +73,8 @@ class DistillLoss(nn.Module):
       teacher module), for methods that read the teacher's parameters (OFD's BatchNorm margins);
     - ``frozen_parts``: names of teacher-side submodules fitted in a training stage and frozen otherwise
       (HSAKD's teacher heads, FT's paraphraser): :meth:`freeze_parts` and :meth:`train` keep them frozen.
+    - ``logit_ranks``: the logit ranks a method reading ``logits`` accepts (default (batch, classes) only);
+      other ranks are refused at construction in one ConfigError line naming the method and the shape.
 
     ``__init__(student, teacher, options=None, *, num_classes, num_samples)``: ``student``/``teacher`` are
     probed :class:`Taps` (batch of 2, eval mode, no grad); ``options`` the method's typed options (its
@@ -71,12 +100,24 @@ class DistillLoss(nn.Module):
     reads_teacher_model: ClassVar[bool] = False
     #: teacher-side submodules trained only in a training stage: no gradients and eval mode otherwise
     frozen_parts: ClassVar[tuple[str, ...]] = ()
+    #: the logit ranks the method accepts, checked on the probed taps when it reads ``logits``
+    logit_ranks: ClassVar[LogitRanks] = CLASS_LOGITS
+    #: the name the class is registered under (set by ``LOSSES.register``), for error messages
+    method_name: ClassVar[str] = ""
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, *, num_classes: int = 0,
                  num_samples: int = 0) -> None:
         super().__init__()
+        self.check_logit_ranks(student, teacher)
         #: per-term weights inside the method (RKD's 25 / 50, DKD's alpha / beta); missing terms weigh 1
         self.term_weights: dict[str, float] = {}
+
+    def check_logit_ranks(self, student: Taps | None, teacher: Taps | None) -> None:
+        """ConfigError when a side the method reads logits of has logits of a rank outside ``logit_ranks``."""
+        name = self.method_name or type(self).__name__
+        for side, taps, needs in (("student", student, self.student_needs), ("teacher", teacher, self.teacher_needs)):
+            if taps is not None and "logits" in needs:
+                check_logit_rank(name, side, taps.logits, self.logit_ranks)
 
     def freeze_parts(self) -> None:
         """No gradients and eval mode (frozen BatchNorm statistics) for every module in ``frozen_parts``."""

@@ -19,6 +19,18 @@ row-centred vectors, ``<a - mean(a), b - mean(b)> / (|a - mean(a)| |b - mean(b)|
 constant row has correlation 0, not NaN. The intra-class relation is the inter-class one on the
 transposed matrices.
 
+Dense predictions (segmentation). Logits (N, C, *spatial) are read as N x prod(spatial) rows of C
+classes: ``(N, C, H, W) -> (N H W, C)`` (:func:`as_class_rows`), and the relations above run on those rows,
+so L_inter averages over every pixel and L_intra correlates each class over all the batch's pixels. This
+is the authors' ``segmentation/losses/dist_kd.py`` (hunto/DIST_KD), which flattens with
+``transpose(1, 3).reshape(-1, C)``: its rows come in (n, w, h) order, ours in (n, h, w) order, and neither
+relation depends on the order of the rows (a mean over rows; correlations of two equally permuted
+vectors). Their segmentation loss has no temperature (softmax at tau = 1, no tau^2) and keeps the
+``DIST`` class defaults beta = gamma = 1 (``train_kd.py``: ``DIST()`` with ``--lambda-kd 1`` on the main
+head and 0.4 on the auxiliary one), so ``kd.options.dist: {beta: 1, gamma: 1, tau: 1}`` gives their
+numbers; their ``use_sigmoid`` variant is not offered. Their code accepts 2-D and 4-D logits only; any
+(N, C, *spatial) is accepted here (a 1-D map (N, C, L) included).
+
 Defaults are the authors' CIFAR-100 setting: beta = gamma = 2, tau = 4, CE weight 1. The authors'
 ``configs/strategies/distill/dist_cifar.yaml`` (same repository) selects ``kd: dist_t4``, which is
 ``DIST(beta=1, gamma=1, tau=4)``, with ``ori_loss_weight: 1`` and ``kd_loss_weight: 2``. That gives
@@ -34,7 +46,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from teachkit.losses.base import DistillLoss
+from teachkit.losses.base import DistillLoss, LogitRanks
 from teachkit.losses.registry import LOSSES
 from teachkit.options import Options, option
 from teachkit.types import Batch, Progress, Taps, upcast
@@ -74,13 +86,22 @@ def intra_class_relation(y_s: Tensor, y_t: Tensor, eps: float = EPS) -> Tensor:
     return inter_class_relation(y_s.t(), y_t.t(), eps)
 
 
+def as_class_rows(logits: Tensor) -> Tensor:
+    """(B, C) logits unchanged; dense (N, C, *spatial) ones as (N prod(spatial), C), one row per position
+    (the authors' segmentation code flattens the pixels into rows)."""
+    if logits.dim() <= 2:
+        return logits
+    return logits.movedim(1, -1).reshape(-1, logits.shape[1])
+
+
 def dist_terms(student_logits: Tensor, teacher_logits: Tensor, tau: float) -> tuple[Tensor, Tensor]:
-    """Unweighted (L_inter, L_intra) of Huang et al. 2022, each times tau^2, on ``softmax(z / tau)``.
+    """Unweighted (L_inter, L_intra) of Huang et al. 2022, each times tau^2, on ``softmax(z / tau)`` of the
+    (B, C) logits or of the rows of dense (N, C, *spatial) ones (:func:`as_class_rows`).
 
     The computation runs in at least float32; float64 inputs stay float64.
     """
-    y_s = (upcast(student_logits) / tau).softmax(dim=1)
-    y_t = (upcast(teacher_logits) / tau).softmax(dim=1)
+    y_s = (as_class_rows(upcast(student_logits)) / tau).softmax(dim=1)
+    y_t = (as_class_rows(upcast(teacher_logits)) / tau).softmax(dim=1)
     scale = tau**2
     return scale * inter_class_relation(y_s, y_t), scale * intra_class_relation(y_s, y_t)
 
@@ -104,12 +125,14 @@ class DIST(DistillLoss):
     ``term_weights``, so the objective logs ``dist.inter`` / ``dist.intra``; with its weight
     (``default_weight`` 1, set by ``kd.gamma.dist``) and CE at 1 they form the paper's
     ``L_cls + beta L_inter + gamma L_intra``. Do not confuse ``kd.options.dist.gamma``, the weight of
-    L_intra, with ``kd.gamma.dist``, the weight of the whole method.
+    L_intra, with ``kd.gamma.dist``, the weight of the whole method. Logits are (B, C) or dense
+    (N, C, *spatial), one row per position (module docstring); other ranks are refused at construction.
     """
 
     student_needs = teacher_needs = ("logits",)
     term_names = ("inter", "intra")
     default_weight = 1.0
+    logit_ranks = LogitRanks(2, None, "(batch, classes) or dense (batch, classes, *spatial)")
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, options: DISTOptions | None = None,
                  *, num_classes: int = 0, num_samples: int = 0) -> None:

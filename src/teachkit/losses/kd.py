@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from teachkit.errors import ConfigError
-from teachkit.losses.base import DistillLoss
+from teachkit.losses.base import DistillLoss, LogitRanks
 from teachkit.losses.divergences import logit_divergence
 from teachkit.losses.logit_standardization import maybe_standardize
 from teachkit.losses.registry import LOSSES
@@ -62,11 +62,14 @@ class HintonKD(DistillLoss):
     CE weighted 1 - alpha (0.1), the RepDistiller recipe the ECCV 2024 paper follows. The options swap
     the divergence (:mod:`teachkit.losses.divergences`) and switch on logit standardisation (z-scored
     logits, Sun et al. 2024: the authors' ``kd_loss`` with ``logit_stand``); the default options give
-    exactly :func:`kd_kl`."""
+    exactly :func:`kd_kl`. Logits (B, C, *positions) are distributions over axis 1 at every position,
+    averaged over the batch and the positions, whichever divergence is chosen."""
 
     student_needs = teacher_needs = ("logits",)
     term_names = ("kl",)
     default_weight = 0.9
+    #: class axis 1, any further axes are positions averaged over (a QA model's (B, L, 2) start/end logits)
+    logit_ranks = LogitRanks(2, None, "(batch, classes) or (batch, classes, *positions)")
 
     def __init__(self, student: Taps | None = None, teacher: Taps | None = None, options: KDOptions | None = None,
                  *, num_classes: int = 0, num_samples: int = 0) -> None:
@@ -88,7 +91,10 @@ class HintonKD(DistillLoss):
         if self.plain:
             return {"kl": kd_kl(student.logits, teacher.logits.detach(), self.temperature)}
         opts = self.options
-        zs, zt = maybe_standardize(upcast(student.logits), upcast(teacher.logits.detach()), opts.logit_standardize)
+        zs, zt = upcast(student.logits), upcast(teacher.logits.detach())
+        if zs.dim() > 2:  # the divergences and standardisation read the last axis: move the classes there
+            zs, zt = zs.movedim(1, -1), zt.movedim(1, -1)
+        zs, zt = maybe_standardize(zs, zt, opts.logit_standardize)
         value = logit_divergence(zs, zt, self.temperature, opts.divergence, opts.jsd_beta, opts.top_k)
         return {"kl": value * self.temperature**2 if opts.scale_t2 else value}
 

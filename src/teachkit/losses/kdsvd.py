@@ -22,10 +22,21 @@ fed ``feat[1:-1]`` by ``helper/loops.py``: the stage outputs, teachkit's post-ac
 
 Default weight 1: RepDistiller's ``scripts/run_cifar_distill.sh`` has no KDSVD line (``-b`` defaults to
 None) and its README tables have no KDSVD row; mdistiller's ``CFG.KDSVD.LOSS.FEAT_WEIGHT`` is 1 (CE 1, K 1).
-mdistiller's copy (``mdistiller/distillers/KDSVD.py``, stages ``feats[1:]``, the same three maps) reshapes
-each map to (C H) x W instead of (H W) x C before the SVD and casts to float32; we follow RepDistiller,
-which is the paper's per-position reading (the authors' TensorFlow code, sseung0703/SSKD_SVD
-``nets/Distillation.py``, reshapes its NHWC maps to (H W) x C as well).
+
+Layout (option ``layout``). ``repdistiller`` (default) reads each map as the (H W) x C matrix above, the
+paper's per-position reading (the authors' TensorFlow code, sseung0703/SSKD_SVD ``nets/Distillation.py``,
+reshapes its NHWC maps to (H W) x C as well). mdistiller's copy (megvii-research/mdistiller
+``mdistiller/distillers/KDSVD.py``, stages ``feats[1:]``, the same three maps) instead views each (B, C, H, W)
+map as ``feat.view(B, C * H, W).float()``: a (C H) x W matrix whose right singular vectors run over the
+map's *width* W, not its channels. ``layout: mdistiller`` reproduces that: the vectors are W-vectors, the
+student's are aligned to the teacher's over W (so paired stages need equal widths W, and may differ in
+channels), and the RBF compares the W entries of consecutive stages. Everything else in mdistiller's file is
+RepDistiller's: ``torch.svd``, ``removenan``, ``F.normalize`` (eps 1e-12) of the first k (teacher) / k + 3
+(student) vectors and values, ``align_rsv`` (largest |cosine|, its sign, every tie kept), values times the
+teacher's normalised singular values, ``exp(-d^2 / 8)``, the finite-masked squared error summed and divided by
+the batch size, K = 1. Its ``.float()`` casts every input to float32; here the computation runs in at least
+float32 as everywhere in teachkit (float32 and half inputs as mdistiller, float64 stays float64).
+``canonical_signs`` applies to both layouts (off: the reference's numbers on the same backend).
 
 SVD signs. A singular vector is defined up to its sign and which sign a backend returns is arbitrary
 (LAPACK, cuSOLVER and MAGMA differ). The reference aligns the student to the teacher but leaves the
@@ -54,19 +65,22 @@ to the kept vectors, with every reciprocal of a singular value or of a gap ``|s_
   min(H W, C) of them; the missing ones are zero vectors with singular value 0 (deviation: the reference
   broadcasts mismatched counts between consecutive stages or fails), identical to the reference otherwise.
 
-Non-square maps are flattened over H W (the reference's ``view(-1, C, H * H)`` assumes H = W).
+Non-square maps are flattened over H W (RepDistiller's ``view(-1, C, H * H)`` assumes H = W; mdistiller's
+view is exact for any H, W).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from teachkit.errors import ConfigError
 from teachkit.losses.base import DistillLoss
-from teachkit.losses.features import equal_width_stage_pairs, paired_stages
+from teachkit.losses.features import equal_width_stage_pairs, paired_stages, require_taps
 from teachkit.losses.registry import LOSSES
 from teachkit.options import Options, option
 from teachkit.types import Batch, Progress, Taps, upcast
@@ -116,11 +130,25 @@ class TopRightSingular(torch.autograd.Function):
         return g_a, None
 
 
-def right_singular(feat: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """(V, s): the ``n`` leading right singular vectors of each sample's (H W) x C matrix, (B, C, n), and the
-    singular values, (B, n), both L2-normalised (vectors over C, values over the n); when the matrix has
-    fewer than n (min(H W, C) < n) the rest are zero columns / zero values."""
-    v, s = TopRightSingular.apply(feat.flatten(2).transpose(1, 2), n)
+#: the matrix each stage map is read as before the SVD (module docstring)
+Layout = Literal["repdistiller", "mdistiller"]
+
+
+def stage_matrix(feat: Tensor, layout: str = "repdistiller") -> Tensor:
+    """Each sample's (B, C, H, W) map as the matrix whose right singular vectors KDSVD keeps: (B, H W, C) for
+    ``repdistiller`` (vectors over the channels), (B, C H, W) for ``mdistiller`` (over the width W)."""
+    if layout == "mdistiller":
+        b, c, h, w = feat.shape
+        return feat.reshape(b, c * h, w)
+    return feat.flatten(2).transpose(1, 2)
+
+
+def right_singular(feat: Tensor, n: int, layout: str = "repdistiller") -> tuple[Tensor, Tensor]:
+    """(V, s): the ``n`` leading right singular vectors of each sample's :func:`stage_matrix` (M x D), (B, D, n)
+    (D = C, or W with ``layout="mdistiller"``), and the singular values, (B, n), both L2-normalised (vectors
+    over D, values over the n); when the matrix has fewer than n (min(M, D) < n) the rest are zero columns /
+    zero values."""
+    v, s = TopRightSingular.apply(stage_matrix(feat, layout), n)
     v, s = _finite(v), _finite(s)
     if v.shape[-1] < n:
         v, s = F.pad(v, (0, n - v.shape[-1])), F.pad(s, (0, n - s.shape[-1]))
@@ -144,15 +172,15 @@ def align_to(student: Tensor, teacher: Tensor) -> Tensor:
 
 
 def kdsvd_terms(student_maps: list[Tensor], teacher_maps: list[Tensor], k: int = 1,
-                canonical: bool = True) -> list[Tensor]:
+                canonical: bool = True, layout: str = "repdistiller") -> list[Tensor]:
     """One term per consecutive stage pair: ``sum (RBF_s - RBF_t)^2 / B`` (module docstring)."""
     terms: list[Tensor] = []
     previous: tuple[Tensor, Tensor] | None = None
     for f_s, f_t in zip(student_maps, teacher_maps, strict=True):
-        v_t, s_t = right_singular(upcast(f_t), k)
+        v_t, s_t = right_singular(upcast(f_t), k, layout)
         if canonical:
             v_t = canonical_signs(v_t)
-        v_s, _ = right_singular(upcast(f_s), k + 3)
+        v_s, _ = right_singular(upcast(f_s), k + 3, layout)
         v_s = align_to(v_s, v_t)
         scale = s_t.unsqueeze(1)
         v_t, v_s = v_t * scale, v_s * scale
@@ -165,20 +193,45 @@ def kdsvd_terms(student_maps: list[Tensor], teacher_maps: list[Tensor], k: int =
     return terms
 
 
+def check_stage_pairs(student: Taps, teacher: Taps, layout: str) -> None:
+    """The models' checks: two or more paired (B, C, H, W) stages of equal channel counts (``repdistiller``)
+    or of equal widths W (``mdistiller``, whose singular vectors run over W); one ConfigError line."""
+    if layout != "mdistiller":
+        equal_width_stage_pairs("kdsvd", student, teacher,
+                                "aligns student and teacher singular vectors over the channels")
+        return
+    require_taps("kdsvd", student, teacher, "stages")
+    pairs = paired_stages(student.stages, teacher.stages)
+    if len(pairs) < 2 or any(f.dim() != 4 for pair in pairs for f in pair):
+        shapes = [(tuple(f_s.shape), tuple(f_t.shape)) for f_s, f_t in pairs]
+        raise ConfigError(f"'kdsvd' compares consecutive stages, so it needs at least 2 paired spatial stage maps "
+                          f"(B, C, H, W) on each side; the probed models pair {shapes}")
+    first_s, first_t = len(student.stages) - len(pairs), len(teacher.stages) - len(pairs)
+    for i, (f_s, f_t) in enumerate(pairs):
+        if f_s.shape[3] != f_t.shape[3]:
+            raise ConfigError(f"'kdsvd' with kd.options.kdsvd.layout=mdistiller aligns singular vectors over the map "
+                              f"width W, so paired stages need equal widths: student stage {first_s + i} / teacher "
+                              f"stage {first_t + i} have W = {f_s.shape[3]} and {f_t.shape[3]} (use layout "
+                              "repdistiller, or pair stages of equal widths in model.taps.stages)")
+
+
 @dataclass
 class KDSVDOptions(Options):
     """``k``: the teacher's singular vectors per stage (the student keeps k + 3; 1, RepDistiller's);
-    ``canonical_signs``: fix the teacher vectors' signs (see the module docstring; off = the reference)."""
+    ``canonical_signs``: fix the teacher vectors' signs (see the module docstring; off = the reference);
+    ``layout``: ``repdistiller`` ((H W) x C matrices, vectors over the channels) or ``mdistiller``
+    ((C H) x W, vectors over the width W, as mdistiller's copy)."""
 
     k: int = option(1, ge=1)
     canonical_signs: bool = True
+    layout: Layout = "repdistiller"
 
 
 @LOSSES.register("kdsvd", "KD-SVD: RBF correlations of sign-aligned leading singular vectors of consecutive stages "
                           "(Lee et al. 2018)", options=KDSVDOptions)
 class KDSVD(DistillLoss):
-    """KDSVD (Lee et al. 2018) as RepDistiller computes it (module docstring): term ``kdsvd`` = the sum of
-    :func:`kdsvd_terms` over the paired stages."""
+    """KDSVD (Lee et al. 2018) as RepDistiller computes it, or mdistiller with ``layout: mdistiller`` (module
+    docstring): term ``kdsvd`` = the sum of :func:`kdsvd_terms` over the paired stages."""
 
     student_needs = teacher_needs = ("stages",)
     term_names = ("kdsvd",)
@@ -188,11 +241,15 @@ class KDSVD(DistillLoss):
                  num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
         self.options = options or KDSVDOptions()
-        equal_width_stage_pairs("kdsvd", student, teacher,
-                                "aligns student and teacher singular vectors over the channels")
+        check_stage_pairs(student, teacher, self.options.layout)
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
+        opts = self.options
         pairs = paired_stages(student.stages, teacher.stages)
-        terms = kdsvd_terms([s for s, _ in pairs], [t.detach() for _, t in pairs], self.options.k,
-                            self.options.canonical_signs)
+        terms = kdsvd_terms([s for s, _ in pairs], [t.detach() for _, t in pairs], opts.k, opts.canonical_signs,
+                            opts.layout)
         return {"kdsvd": sum(terms)}
+
+    def extra_repr(self) -> str:
+        opts = self.options
+        return f"k={opts.k}, canonical_signs={opts.canonical_signs}, layout={opts.layout}"

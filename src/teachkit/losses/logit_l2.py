@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from teachkit.losses.base import DistillLoss
+from teachkit.losses.base import DistillLoss, LogitRanks
 from teachkit.losses.registry import LOSSES
 from teachkit.types import Batch, Progress, Taps, upcast
 
@@ -24,6 +24,8 @@ class LogitL2(DistillLoss):
     term_names = ("mse",)
     default_weight = 0.9
     regression_ok = True
+    #: one real output per sample, (batch,), or any outputs per sample, summed
+    logit_ranks = LogitRanks(1, None, "(batch,) or (batch, outputs, ...)")
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
         zs, zt = upcast(student.logits), upcast(teacher.logits.detach())

@@ -172,11 +172,7 @@ class MLKD(DistillLoss):
                  *, num_classes: int = 0, num_samples: int = 0) -> None:
         super().__init__(student, teacher, num_classes=num_classes, num_samples=num_samples)
         self.options = options or MLKDOptions()
-        opts = self.options
-        for side, taps in (("student", student), ("teacher", teacher)):
-            if taps is not None and isinstance(taps.logits, Tensor) and taps.logits.dim() != 2:
-                raise ConfigError(f"mlkd needs (batch, classes) logits; the {side}'s are shaped "
-                                  f"{tuple(taps.logits.shape)}: use a classification model")
+        opts = self.options  # (batch, classes) logits: DistillLoss.logit_ranks, checked by the base class
         classes = num_classes or (student.logits.shape[-1] if student is not None else 0)
         if opts.logit_standardize and classes == 1:
             raise ConfigError("kd.options.mlkd.logit_standardize=true needs at least 2 classes (the standard "

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from teachkit.losses.base import DistillLoss
-from teachkit.registry import Registry
+from teachkit.registry import Entry, Registry
 
-LOSSES: Registry[type[DistillLoss]] = Registry("distillation loss")
+
+def _name_class(entry: Entry[type[DistillLoss]]) -> None:
+    """Give the registered class its name (``method_name``), which its error messages use."""
+    entry.obj.method_name = entry.name
+
+
+LOSSES: Registry[type[DistillLoss]] = Registry("distillation loss", on_register=_name_class)

@@ -290,6 +290,70 @@ def _sizes(preset: str | None, layers: Any, hidden: Any, heads: Any, intermediat
     return n_layers, n_hidden, n_heads, n_inter
 
 
+def _check_exclusive(path: Any, sizes: dict[str, Any], init_from: Any, init_every: Any) -> None:
+    """``path`` (pretrained) excludes the sizes and ``init_from``/``init_every`` (random init); ``init_every``
+    needs ``init_from``; ``path`` is a string."""
+    if path is not None:
+        given = [k for k, v in sizes.items() if v is not None]
+        if given:
+            raise ConfigError(f"model 'hf_text' options 'path' and {given[0]!r} exclude each other: 'path' loads a "
+                              f"pretrained model, {given[0]!r} sizes a random one")
+        for key, value in (("init_from", init_from), ("init_every", init_every)):
+            if value is not None:
+                raise ConfigError(f"model 'hf_text' option {key!r} applies to random init only (preset or sizes), "
+                                  "not with 'path'")
+    elif init_every is not None and init_from is None:
+        raise ConfigError("model 'hf_text' option 'init_every' needs option 'init_from'")
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(f"model 'hf_text' option 'path' must be a folder or model name; got {short_repr(path)}")
+
+
+def _pretrained(transformers: Any, auto: Any, path: str, head: str, num_labels: int, drop: float | None,
+                attention: str) -> Any:
+    """The pretrained model in ``path`` (loaded offline; on the meta device its architecture only) with a new
+    ``head``."""
+    folder = resolve_pretrained(path, "model 'hf_text' option 'path'")
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, num_labels=num_labels)
+    except Exception as e:  # noqa: BLE001 - a broken folder is one line
+        raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot read a config in {folder!r} "
+                          f"({_one_line(e)})") from None
+    _set_dropout(config, drop)
+    config._attn_implementation = attention
+    try:
+        if _on_meta():  # the option check builds on the meta device: same architecture, no weights
+            return auto.from_config(config, attn_implementation=attention)
+        return auto.from_pretrained(folder, config=config, local_files_only=True, attn_implementation=attention)
+    except Exception as e:  # noqa: BLE001 - an unsupported architecture or broken weights are one line
+        raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot load a {head} model from {folder!r} "
+                          f"({_one_line(e)})") from None
+
+
+def _random_bert(transformers: Any, auto: Any, sizes: tuple[int, int, int, int], tokenizer: Any, num_labels: int,
+                 drop: float | None, attention: str, init_from: Any,
+                 init_every: Any) -> tuple[Any, list[int] | None]:
+    """A randomly initialised BERT of ``sizes`` (layers, hidden, heads, intermediate) over ``tokenizer``'s
+    vocabulary, with the layers of ``init_from`` copied in when given; (model, teacher layers copied)."""
+    n_layers, n_hidden, n_heads, n_inter = sizes
+    if not isinstance(tokenizer, str):
+        raise ConfigError(f"model 'hf_text' option 'tokenizer' must be a tokenizer name or folder; "
+                          f"got {short_repr(tokenizer)}")
+    tok = load_tokenizer(tokenizer)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    config = transformers.BertConfig(
+        vocab_size=len(tok), hidden_size=n_hidden, num_hidden_layers=n_layers, num_attention_heads=n_heads,
+        intermediate_size=n_inter, max_position_embeddings=MAX_POSITIONS, type_vocab_size=2,
+        pad_token_id=pad, num_labels=num_labels)
+    _set_dropout(config, drop)
+    teacher = _load_teacher(transformers, init_from, config) if init_from is not None else None
+    hf = auto.from_config(config, attn_implementation=attention)
+    copied = None
+    if teacher is not None:
+        k = _init_every(init_every, teacher.config.num_hidden_layers, n_layers)
+        copied = [i * k for i in range(n_layers)] if _on_meta() else copy_teacher_layers(hf, teacher, k)
+    return hf, copied
+
+
 @MODELS.register("hf_text", "Hugging Face BERT-family encoder for sequence classification/regression or extractive "
                             "QA: pretrained (path) or random init (preset, sizes, init_from a teacher's layers)")
 def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = None, preset: str | None = None,
@@ -318,61 +382,19 @@ def hf_text(input_shape: tuple[int, ...], num_classes: int, path: str | None = N
     attention = _choice("attention", attention, ATTENTIONS)
     drop = None if dropout is None else fraction("hf_text", "dropout", dropout)
     sizes = {"preset": preset, "layers": layers, "hidden": hidden, "heads": heads, "intermediate": intermediate}
-    if path is not None:
-        given = [k for k, v in sizes.items() if v is not None]
-        if given:
-            raise ConfigError(f"model 'hf_text' options 'path' and {given[0]!r} exclude each other: 'path' loads a "
-                              f"pretrained model, {given[0]!r} sizes a random one")
-        for key, value in (("init_from", init_from), ("init_every", init_every)):
-            if value is not None:
-                raise ConfigError(f"model 'hf_text' option {key!r} applies to random init only (preset or sizes), "
-                                  "not with 'path'")
-    elif init_every is not None and init_from is None:
-        raise ConfigError("model 'hf_text' option 'init_every' needs option 'init_from'")
-    if path is not None and not isinstance(path, str):
-        raise ConfigError(f"model 'hf_text' option 'path' must be a folder or model name; got {short_repr(path)}")
+    _check_exclusive(path, sizes, init_from, init_every)
     transformers = _import_transformers()
     copied: list[int] | None = None
     num_labels = 2 if head == "qa" else num_classes
     auto = (transformers.AutoModelForQuestionAnswering if head == "qa"
             else transformers.AutoModelForSequenceClassification)
     if path is not None:
-        folder = resolve_pretrained(path, "model 'hf_text' option 'path'")
-        try:
-            config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, num_labels=num_labels)
-        except Exception as e:  # noqa: BLE001 - a broken folder is one line
-            raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot read a config in {folder!r} "
-                              f"({_one_line(e)})") from None
-        _set_dropout(config, drop)
-        config._attn_implementation = attention
-        try:
-            if _on_meta():  # the option check builds on the meta device: same architecture, no weights
-                hf = auto.from_config(config, attn_implementation=attention)
-            else:
-                hf = auto.from_pretrained(folder, config=config, local_files_only=True,
-                                          attn_implementation=attention)
-        except Exception as e:  # noqa: BLE001 - an unsupported architecture or broken weights are one line
-            raise ConfigError(f"model 'hf_text' option 'path'={path!r}: cannot load a {head} model from {folder!r} "
-                              f"({_one_line(e)})") from None
+        hf = _pretrained(transformers, auto, path, head, num_labels, drop, attention)
         tokenizer_name, source = path, f"path {path!r}"
     else:
         n_layers, n_hidden, n_heads, n_inter = _sizes(preset, layers, hidden, heads, intermediate)
-        if not isinstance(tokenizer, str):
-            raise ConfigError(f"model 'hf_text' option 'tokenizer' must be a tokenizer name or folder; "
-                              f"got {short_repr(tokenizer)}")
-
-        tok = load_tokenizer(tokenizer)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-        config = transformers.BertConfig(
-            vocab_size=len(tok), hidden_size=n_hidden, num_hidden_layers=n_layers, num_attention_heads=n_heads,
-            intermediate_size=n_inter, max_position_embeddings=MAX_POSITIONS, type_vocab_size=2,
-            pad_token_id=pad, num_labels=num_labels)
-        _set_dropout(config, drop)
-        teacher = _load_teacher(transformers, init_from, config) if init_from is not None else None
-        hf = auto.from_config(config, attn_implementation=attention)
-        if teacher is not None:
-            k = _init_every(init_every, teacher.config.num_hidden_layers, n_layers)
-            copied = [i * k for i in range(n_layers)] if _on_meta() else copy_teacher_layers(hf, teacher, k)
+        hf, copied = _random_bert(transformers, auto, (n_layers, n_hidden, n_heads, n_inter), tokenizer, num_labels,
+                                  drop, attention, init_from, init_every)
         tokenizer_name = tokenizer
         source = f"preset {preset!r}" if preset is not None else f"{n_layers} layers x {n_hidden}"
     max_pos = max_tokens(hf.config)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from teachkit.data import DATASETS
-from teachkit.engine import EVALUATORS
+from teachkit.engine import CALLBACKS, EVALUATORS
 from teachkit.errors import ConfigError
 from teachkit.losses import LOSSES, OBJECTIVES
 from teachkit.models import MODELS
@@ -34,8 +34,9 @@ REFERENCE = "docs/configuration.md"
 #: the kinds ``teachkit list`` takes, with the registries each one covers
 KINDS: dict[str, tuple[Registry, ...]] = {"models": (MODELS,), "datasets": (DATASETS,),
                                           "losses": (OBJECTIVES, LOSSES), "recipes": (RECIPES,),
-                                          "evaluators": (EVALUATORS,)}
-SINGULAR = {"models": "model", "datasets": "dataset", "losses": "loss", "recipes": "recipe", "evaluators": "evaluator"}
+                                          "evaluators": (EVALUATORS,), "callbacks": (CALLBACKS,)}
+SINGULAR = {"models": "model", "datasets": "dataset", "losses": "loss", "recipes": "recipe", "evaluators": "evaluator",
+            "callbacks": "callback"}
 #: the longest help line shown (cut at a word, with ``...``)
 HELP_WIDTH = 100
 _RANGES = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
@@ -71,7 +72,8 @@ def where_set(kind: str, registry: Registry, name: str) -> str:
             "datasets": f"data.name={name}; options as data.options.<option>",
             "losses": f"kd.method={name}; options as kd.options.{name}.<option>, weight kd.gamma.{name}",
             "recipes": f"teachkit run {name} CONFIG; options in the {name}: section ({name}.<option>)",
-            "evaluators": "chosen by the dataset's task (no options)"}[kind]
+            "evaluators": "chosen by the dataset's task (no options)",
+            "callbacks": f"train.callbacks: [{{name: {name}, options: {{<option>: ...}}}}] (or just [{name}])"}[kind]
 
 
 def entry_rows(kind: str, entry: Entry) -> list[OptionRow]:

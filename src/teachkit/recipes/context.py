@@ -34,6 +34,7 @@ from teachkit.data import Splits, make_augment
 from teachkit.data.loader import make_batches
 from teachkit.data.raw import is_regression, is_tokens
 from teachkit.engine import EVALUATORS, Callback, LoopConfig, OptimConfig, StepFn, Trainer, resolve_device
+from teachkit.engine.callbacks import callback_specs, given_callbacks
 from teachkit.engine.checkpoint import (
     Trajectory,
     atomic_write,
@@ -128,6 +129,24 @@ class EmptyConfig(Exception):
         super().__init__(self.what)
 
 
+#: the augmentations whose random crop pads (``auto`` crops on these datasets)
+CROPPING = ("crop", "crop_flip")
+CROPPING_BY_DEFAULT = ("cifar10", "cifar100")
+
+
+def legacy_pad_mode(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config from before ``data.augment_options`` existed, whose crop padded by reflection then: with
+    ``pad_mode: reflect`` made explicit, so resuming it with today's default (zeros) is refused in one line
+    instead of silently changing the padding half-way through the run."""
+    section = data.get("data")
+    if not isinstance(section, dict) or "augment_options" in section:
+        return data
+    augment = section.get("augment", "auto")
+    if augment in CROPPING or (augment == "auto" and section.get("name") in CROPPING_BY_DEFAULT):
+        return {**data, "data": {**section, "augment_options": {"pad_mode": "reflect"}}}
+    return data
+
+
 def _saved_config(run_dir: Path) -> dict[str, Any]:
     """The config ``run_dir/config.yaml`` records, defaults filled in; a one-line ConfigError when it is not a
     config or is empty (an emptied file would otherwise read as the defaults and blame ``name='run'``)."""
@@ -137,7 +156,7 @@ def _saved_config(run_dir: Path) -> dict[str, Any]:
             data = read_yaml(saved)
             if not data:  # an emptied file must not read as the defaults (name='run')
                 raise EmptyConfig(saved)
-            return to_dict(from_dict(data))
+            return to_dict(from_dict(legacy_pad_mode(data)))
     except EmptyConfig as e:
         raise ConfigError(f"cannot resume {str(run_dir)!r}: its config.yaml is {e.what}, so the config the run was "
                           f"made with is unknown; restore that file (e.g. from the config you ran it with), or delete "
@@ -205,7 +224,7 @@ def _remove_created(created: list[Path]) -> None:
 
 
 #: ``data`` keys that say how the data is batched, not which data it is: a run keeps its own
-BATCHING_KEYS = ("batch_size", "eval_batch_size", "augment", "group_by_length")
+BATCHING_KEYS = ("batch_size", "eval_batch_size", "augment", "augment_options", "group_by_length")
 
 
 def record_data(cfg: RunConfig, splits: Splits) -> RunConfig:
@@ -326,7 +345,8 @@ class RunContext:
         splits = splits or self.splits
         lengths = splits.train.x["attention_mask"].sum(dim=1) if self.cfg.data.group_by_length else None
         return make_batches(splits.train, batch_size or self.cfg.data.batch_size, shuffle=True,
-                            seed=self.cfg.train.seed, augment=make_augment(self.cfg.data.augment, splits),
+                            seed=self.cfg.train.seed,
+                            augment=make_augment(self.cfg.data.augment, splits, self.cfg.data.augment_options),
                             lengths=lengths)
 
     def evaluator(self, splits: Splits | None = None) -> Evaluator:
@@ -360,8 +380,13 @@ class RunContext:
         options and folder; ``frozen`` names the modules the step runs without training them (the teacher)."""
         trainer = Trainer(modules, step, self.batches(splits), optim or self.cfg.optim,
                           evaluator or self.evaluator(splits),
-                          self.run_dir, loop=loop or self.loop(), callbacks=callbacks, meta=meta, resume=self.resume,
-                          desc=desc or self.cfg.name, frozen=frozen)
+                          self.run_dir, loop=loop or self.loop(), callbacks=[*callbacks, *self.user_callbacks()],
+                          meta=meta, resume=self.resume, desc=desc or self.cfg.name, frozen=frozen)
         for message in (splits or self.splits).warnings:  # the data's own (pairs skipped, one class)
             trainer.warn(message)
         return trainer
+
+    def user_callbacks(self) -> list[Callback]:
+        """The user's callbacks for one trainer of this run, after the recipe's own: fresh instances of
+        ``train.callbacks`` and the Python API's objects (:func:`teachkit.engine.callbacks.given_callbacks`)."""
+        return [*(spec.build() for spec in callback_specs(self.cfg.train.callbacks)), *given_callbacks()]

@@ -205,7 +205,7 @@ def run_stage(ctx: RunContext, stage: TrainingStage) -> None:
         evaluator = stage.evaluator(splits, ctx.cfg.data.eval_batch_size)
         trainer = Trainer(stage.modules, stage.step, ctx.batches(splits, stage.batch_size), optim, evaluator, folder,
                           loop=ctx.loop(epochs=stage.epochs, save_every=0, select_metric=None, select_mode="auto"),
-                          meta={"stage": stage.name},
+                          meta={"stage": stage.name}, callbacks=ctx.user_callbacks(),
                           resume=ctx.resume, desc=f"{ctx.cfg.name} {stage.name}")
         while not trainer.done:
             trainer.run_epoch()

@@ -26,8 +26,8 @@ from teachkit.data import DataConfig
 from teachkit.errors import ConfigError
 
 #: data settings that only shrink the training pool (after val/test are carved) or batch/augment it
-POOL_ONLY = frozenset({"train_subset", "subset_seed", "omit_classes", "few_shot", "augment", "batch_size",
-                       "eval_batch_size", "group_by_length"})
+POOL_ONLY = frozenset({"train_subset", "subset_seed", "omit_classes", "few_shot", "augment", "augment_options",
+                       "batch_size", "eval_batch_size", "group_by_length"})
 OVERLAP_KEY = "teacher_overlap_allowed"
 
 

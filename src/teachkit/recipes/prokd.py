@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from teachkit.config import RunConfig
 from teachkit.data import Splits
@@ -47,7 +47,7 @@ from teachkit.options import Options, option
 from teachkit.recipes.common import RunResult
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
-from teachkit.recipes.teacher import TeacherSource, declare_teacher_use, trajectory_mode
+from teachkit.recipes.teacher import TeacherSource, TeacherTrajectory, declare_teacher_use, trajectory_mode
 from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
 from teachkit.types import StepOutput, upcast
 
@@ -202,6 +202,98 @@ def squared_error(zs: Tensor, target: Tensor, reduction: str) -> Tensor:
     return (upcast(zs) - upcast(target)).pow(2).sum(dim=1).mean()
 
 
+class FollowTeacher(PlanInfo):
+    """:class:`PlanInfo` that also loads the teacher checkpoint a stage follows when the plan first reaches it
+    (its logits for the transfer set, cached once when the inputs never change); ``followed``: the teacher
+    outputs of each checkpoint followed, in order (the last one in use); ``saved``: teacher forwards the
+    cache saved."""
+
+    def __init__(self, plan: list[Stage], recipe: str, ctx: RunContext, teachers: TeacherTrajectory) -> None:
+        super().__init__(plan, recipe)
+        self.ctx, self.teachers = ctx, teachers
+        self.followed: list[TeacherOutputs] = []
+        self.teacher_epoch: int | None = None
+        self.saved = 0
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        super().on_epoch_start(trainer, epoch)
+        stage = self.plan[epoch]
+        if stage.teacher_epoch is None or stage.teacher_epoch == self.teacher_epoch:
+            return
+        outputs = run_teacher_outputs(self.ctx, Tapped(self.teachers.at(stage.teacher_epoch)), needs={"logits"})
+        self.followed.append(outputs)
+        if outputs.warning:  # a stale cache file, rebuilt
+            trainer.warn(outputs.warning)
+        self.teacher_epoch = stage.teacher_epoch
+
+
+def _check_checkpoints_followed(cfg: RunConfig, plan: list[Stage], teachers: TeacherTrajectory, recipe: str) -> None:
+    """Every teacher epoch the plan follows has a checkpoint in the trajectory."""
+    missing = sorted({s.teacher_epoch for s in plan if s.teacher_epoch is not None} - set(teachers.epochs))
+    if missing:
+        raise CheckpointError(f"the teacher trajectory {cfg.teacher.checkpoint!r} has no checkpoint after teacher "
+                              f"epochs {missing[:5]} that {recipe} follows (it has {teachers.epochs[:3]}..."
+                              f"{teachers.epochs[-3:]}); record every epoch with train.save_every=1")
+
+
+def _following_terms(stage: Stage, zs: Tensor, zt: Tensor, shown: Tensor, y: Tensor,
+                     cfg: RunConfig) -> dict[str, Tensor]:
+    """The loss terms of a teacher-following stage (module docstring): Pro-KD's ||z_s - z_t / T||^2 (or KL at T),
+    Annealing-KD's ||z_s - z_t Phi(T)||^2, RCO's Hinton KD; ``shown``: the raw student logits (for CE)."""
+    p = cfg.prokd
+    if stage.kind == "prokd":
+        if p.loss == "kl":
+            return {"prokd": kd_kl(zs, zt, stage.temperature)}
+        return {"prokd": squared_error(zs, zt / stage.temperature, p.reduction)}
+    if stage.kind == "anneal":
+        phi = 1.0 - (stage.temperature - 1.0) / p.tau_max
+        return {"anneal": squared_error(zs, zt * phi, p.reduction)}
+    alpha = cfg.kd.alpha
+    return {"ce": (1 - alpha) * F.cross_entropy(upcast(shown), y), "kd": alpha * kd_kl(zs, zt, stage.temperature)}
+
+
+def _follow_step(cfg: RunConfig, plan: list[Stage], student: nn.Module, follower: FollowTeacher,
+                 regression: bool) -> Callable[[Any, Any], StepOutput]:
+    """The training step: the stage's teacher-following terms against the teacher in use, or phase II's label
+    loss (CE; squared error on real-valued targets, as ``train.loss=l2``)."""
+    standardize = cfg.prokd.logit_standardize
+
+    def step(batch, progress):
+        stage = plan[progress.epoch]
+        zs = student(batch.x)
+        if stage.kind == "ce":
+            if regression:  # phase II on real-valued targets (STS-B): squared error, as train.loss=l2
+                return StepOutput({"l2": label_squared_error(zs, batch.y)}, zs)
+            return StepOutput({"ce": F.cross_entropy(upcast(zs), batch.y)}, zs)
+        outputs = follower.followed[-1]
+        zt = outputs(batch).logits
+        if outputs.cached:
+            follower.saved += batch.size
+        shown = zs
+        if standardize:  # teacher-following terms on z-scored logits; the metrics read the raw ones
+            zs, zt = standardize_logits(upcast(zs)), standardize_logits(upcast(zt))
+        return StepOutput(_following_terms(stage, zs, zt, shown, batch.y, cfg), shown)
+
+    return step
+
+
+def _summary_sections(cfg: RunConfig, plan: list[Stage], teachers: TeacherTrajectory,
+                      follower: FollowTeacher) -> dict[str, Any]:
+    """The summary's ``cost``, ``teacher_cache`` and ``plan`` sections. No wall_time_s: the engine fills in the
+    run's own, every session; an online teacher trains inside it."""
+    followed = follower.followed
+    phase1 = sum(1 for s in plan if s.kind != "ce")
+    cost = {"teacher_epochs_trained": teachers.epochs_trained, "teacher_epochs": teachers.total_epochs,
+            "student_epochs": cfg.train.epochs, "teacher_forward_images": sum(o.forwards for o in followed),
+            "teacher_forwards_saved": follower.saved}
+    statuses = [o.status for o in followed]
+    cache = {"status": "off", "why": followed[-1].why} if followed and not followed[-1].cached else \
+        {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    return {"cost": cost, "teacher_cache": cache,
+            "plan": {"mode": teachers.mode, "phase1_epochs": phase1, "phase2_epochs": cfg.train.epochs - phase1,
+                     "stages": [[s.kind, s.teacher_epoch, s.temperature] for s in plan]}}
+
+
 def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir: Path | None, recipe: str,
                    make_plan: Callable[[RunConfig, int, list[int] | None], list[Stage]]) -> RunResult:
     """Train the student by ``make_plan``'s per-epoch stages against a :class:`TeacherTrajectory` (mode by
@@ -211,62 +303,17 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     teachers = source.trajectory(cfg.prokd.mode)
     available = teachers.epochs if teachers.mode == "replay" else None
     plan = make_plan(cfg, teachers.total_epochs, available)
-    missing = sorted({s.teacher_epoch for s in plan if s.teacher_epoch is not None} - set(teachers.epochs))
-    if missing:
-        raise CheckpointError(f"the teacher trajectory {cfg.teacher.checkpoint!r} has no checkpoint after teacher "
-                              f"epochs {missing[:5]} that {recipe} follows (it has {teachers.epochs[:3]}..."
-                              f"{teachers.epochs[-3:]}); record every epoch with train.save_every=1")
+    _check_checkpoints_followed(cfg, plan, teachers, recipe)
     warnings = (rco_warnings(cfg, teachers.total_epochs, available) if recipe == "rco"
                 else temperature_warnings(cfg, plan))
     ctx.seed()
     student = ctx.model()
-    tau_max, reduction, alpha, phase1_loss = cfg.prokd.tau_max, cfg.prokd.reduction, cfg.kd.alpha, cfg.prokd.loss
-    standardize = cfg.prokd.logit_standardize
-    if phase1_loss == "kl" and is_regression(ctx.splits.task):
-        raise ConfigError("prokd.loss=kl compares class distributions; real-valued targets need prokd.loss=mse")
-    #: the teacher outputs of each teacher checkpoint followed, in order (the last one is in use)
-    followed: list[TeacherOutputs] = []
-    state: dict[str, Any] = {"epoch": None, "saved": 0}
     regression = is_regression(ctx.splits.task)
-
-    class FollowTeacher(PlanInfo):
-        def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
-            super().on_epoch_start(trainer, epoch)
-            stage = plan[epoch]
-            if stage.teacher_epoch is None or stage.teacher_epoch == state["epoch"]:
-                return
-            # the teacher after epoch k: its logits for the transfer set, cached once when inputs never change
-            outputs = run_teacher_outputs(ctx, Tapped(teachers.at(stage.teacher_epoch)), needs={"logits"})
-            followed.append(outputs)
-            if outputs.warning:  # a stale cache file, rebuilt
-                trainer.warn(outputs.warning)
-            state["epoch"] = stage.teacher_epoch
-
-    def step(batch, progress):
-        stage = plan[progress.epoch]
-        zs = student(batch.x)
-        if stage.kind == "ce":
-            if regression:  # phase II on real-valued targets (STS-B): squared error, as train.loss=l2
-                return StepOutput({"l2": label_squared_error(zs, batch.y)}, zs)
-            return StepOutput({"ce": F.cross_entropy(upcast(zs), batch.y)}, zs)
-        outputs = followed[-1]
-        zt = outputs(batch).logits
-        if outputs.cached:
-            state["saved"] += batch.size
-        shown = zs
-        if standardize:  # teacher-following terms on z-scored logits; the metrics read the raw ones
-            zs, zt = standardize_logits(upcast(zs)), standardize_logits(upcast(zt))
-        if stage.kind == "prokd":
-            if phase1_loss == "kl":
-                return StepOutput({"prokd": kd_kl(zs, zt, stage.temperature)}, shown)
-            return StepOutput({"prokd": squared_error(zs, zt / stage.temperature, reduction)}, shown)
-        if stage.kind == "anneal":
-            phi = 1.0 - (stage.temperature - 1.0) / tau_max
-            return StepOutput({"anneal": squared_error(zs, zt * phi, reduction)}, shown)
-        return StepOutput({"ce": (1 - alpha) * F.cross_entropy(upcast(shown), batch.y),
-                           "kd": alpha * kd_kl(zs, zt, stage.temperature)}, shown)
-
-    trainer = ctx.trainer(student, step, meta=ctx.meta(recipe), callbacks=[FollowTeacher(plan, recipe)])
+    if cfg.prokd.loss == "kl" and regression:
+        raise ConfigError("prokd.loss=kl compares class distributions; real-valued targets need prokd.loss=mse")
+    follower = FollowTeacher(plan, recipe, ctx, teachers)
+    step = _follow_step(cfg, plan, student, follower, regression)
+    trainer = ctx.trainer(student, step, meta=ctx.meta(recipe), callbacks=[follower])
     source.report(trainer)
     for message in warnings:
         trainer.warn(message)
@@ -274,17 +321,7 @@ def follow_teacher(cfg: RunConfig, resume: bool, splits: Splits | None, run_dir:
     while not trainer.done:
         trainer.run_epoch()
     teachers.finish()
-    phase1 = sum(1 for s in plan if s.kind != "ce")
-    cost = {"teacher_epochs_trained": teachers.epochs_trained, "teacher_epochs": teachers.total_epochs,
-            "student_epochs": cfg.train.epochs, "teacher_forward_images": sum(o.forwards for o in followed),
-            "teacher_forwards_saved": state["saved"]}
-    statuses = [o.status for o in followed]
-    cache = {"status": "off", "why": followed[-1].why} if followed and not followed[-1].cached else \
-        {s: statuses.count(s) for s in dict.fromkeys(statuses)}
-    # no wall_time_s: the engine fills in the run's own, every session; an online teacher trains inside it
-    result = trainer.finish(cost=cost, teacher_cache=cache, plan={"mode": teachers.mode, "phase1_epochs": phase1,
-                                             "phase2_epochs": cfg.train.epochs - phase1,
-                                             "stages": [[s.kind, s.teacher_epoch, s.temperature] for s in plan]})
+    result = trainer.finish(**_summary_sections(cfg, plan, teachers, follower))
     return RunResult(ctx.run_dir, result.summary, student, result.history)
 
 

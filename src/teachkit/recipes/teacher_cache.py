@@ -660,7 +660,7 @@ def run_teacher_outputs(ctx: RunContext, teacher: Tapped, needs: Iterable[str],
     inputs every epoch. With ``views`` (a frozen teacher whose trainer takes :meth:`TeacherOutputs.callbacks`),
     augmented inputs get the per-epoch view cache (:func:`view_outputs`) instead of none."""
     cfg = ctx.cfg
-    augment = make_augment(cfg.data.augment, ctx.splits)
+    augment = make_augment(cfg.data.augment, ctx.splits, cfg.data.augment_options)
     split = ctx.splits.train
     needs = set(needs)
     if views and augment is not None and isinstance(split.x, Tensor) and \

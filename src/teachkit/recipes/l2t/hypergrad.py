@@ -419,6 +419,107 @@ def unroll(student: FunctionalStudent, start: InnerState, batches: Sequence[Batc
     return UnrollResult(state, losses, ce, acc)
 
 
+@dataclass
+class _Forward:
+    """The forward pass of :func:`hypergradient`: the end state and what the memory mode kept for the reverse."""
+
+    end: InnerState
+    snapshots: dict[int, InnerState]  #: checkpoint mode: (w, v, buffers) every ``interval`` steps
+    graphs: dict[int, _Saved]  #: the steps whose g_t graph is kept for the adjoint
+    interval: int
+    peak: int  #: most w-sized tensors held at once so far
+
+
+def _forward_pass(stepper: _Stepper, start: InnerState, T: int, K: int, mode: MemoryMode) -> _Forward:
+    """T steps from ``start``, keeping the graphs of the last K (``full``/``truncated``) or a snapshot every
+    :func:`checkpoint_interval` steps (``checkpoint``)."""
+    state = start.detached()
+    snapshots: dict[int, InnerState] = {}
+    graphs: dict[int, _Saved] = {}
+    peak = 0
+    c = checkpoint_interval(T)
+    for t in range(T):
+        if mode.kind == "checkpoint" and t % c == 0:
+            snapshots[t] = state
+        keep = mode.kind != "checkpoint" and t >= T - K
+        state, saved = stepper.forward(state, t, record=True, keep=keep)
+        if saved is not None:
+            graphs[t] = saved
+        peak = max(peak, 2 * (len(snapshots) + len(graphs)))
+    return _Forward(state, snapshots, graphs, c, peak)
+
+
+def _dev_gradient(student: FunctionalStudent, end: InnerState, dev: Batch,
+                  objective: Objective) -> tuple[list[Tensor], Tensor, Tensor, Tensor]:
+    """(dM/dw_T, M, dev accuracy, dev CE): the objective M on the dev batch at the end weights w_T."""
+    w_T = [p.detach().requires_grad_(True) for p in end.params]
+    with torch.enable_grad():
+        logits, _ = student(w_T, end.buffers, dev.x, "dev")
+        M = objective(logits, dev.y)
+        w_hat = list(torch.autograd.grad(M, w_T, allow_unused=True))
+    w_hat = [torch.zeros_like(p) if g is None else g for p, g in zip(w_T, w_hat, strict=True)]
+    lg = logits.detach().float()
+    dev_acc = (lg.argmax(1) == dev.y).float().mean()
+    dev_ce = torch.nn.functional.cross_entropy(lg, dev.y)
+    return w_hat, M, dev_acc, dev_ce
+
+
+class _Adjoint:
+    """The adjoint recursion (module docstring): the running (w_hat, v_hat) = (dM/dw_t, dM/dv_t), stepped back
+    one inner step at a time, and the dM/dPhi_t of every step it passed."""
+
+    def __init__(self, stepper: _Stepper, opt: InnerOptimizer, t0: int, w_hat: list[Tensor]) -> None:
+        self.stepper, self.opt, self.t0 = stepper, opt, t0
+        self.w_hat = w_hat
+        self.v_hat = [torch.zeros_like(p) for p in w_hat]
+        self.dphi: dict[int, list[Tensor]] = {}
+
+    def step(self, saved: _Saved, t: int) -> None:
+        """From (w_hat, v_hat) after step t to before it, through step t's kept graph."""
+        lr = self.opt.lr_at(self.t0 + t)
+        v_tilde = torch._foreach_add(self.v_hat, self.w_hat, alpha=-lr)  # dM/dg_t
+        hv, self.dphi[t] = self.stepper.adjoint(saved, v_tilde)
+        torch._foreach_add_(self.w_hat, hv)
+        self.v_hat = (torch._foreach_mul(v_tilde, self.opt.momentum) if self.opt.momentum
+                      else [torch.zeros_like(v) for v in v_tilde])
+
+
+def _reverse_checkpointed(adjoint: _Adjoint, stepper: _Stepper, forward: _Forward, T: int) -> int:
+    """The reverse over every step, segment by segment from the snapshots: a segment's weights are recomputed
+    without graphs, then its steps are reversed with one graph alive at a time. Returns the peak storage."""
+    c, snapshots, peak = forward.interval, forward.snapshots, forward.peak
+    for seg_start in reversed(range(0, T, c)):
+        seg_end = min(T, seg_start + c)
+        s = snapshots.pop(seg_start)
+        segment = [s]
+        for t in range(seg_start, seg_end - 1):
+            s, _ = stepper.forward(s, t)
+            segment.append(s)
+        peak = max(peak, 2 * len(snapshots) + len(segment) + 2)
+        for t in reversed(range(seg_start, seg_end)):
+            s = segment.pop()
+            adjoint.step(stepper.graph(s.params, s.buffers, t), t)
+    return peak
+
+
+def _teacher_gradient(teacher: nn.Module, theta: list[nn.Parameter], states: Tensor,
+                      dphi: dict[int, list[Tensor]]) -> tuple[list[Tensor], tuple[Tensor, ...]]:
+    """dtheta = sum_t (dPhi_t/dtheta)^T dPhi_t: one VJP through the teacher on the stacked states; with the
+    stacked dM/dPhi_t."""
+    steps = sorted(dphi)
+    grads: list[Tensor] = [torch.zeros_like(p) for p in theta]
+    phi_grads: tuple[Tensor, ...] = ()
+    if theta and steps:
+        phi_grads = tuple(torch.stack([dphi[t][i] for t in steps]) for i in range(len(dphi[steps[0]])))
+        with torch.enable_grad():
+            out = teacher(states[steps[0]:steps[-1] + 1])
+            out = out if isinstance(out, tuple | list) else (out,)
+            dot = torch.stack([(o * d).sum() for o, d in zip(out, phi_grads, strict=True)]).sum()
+            got = torch.autograd.grad(dot, theta, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(theta, got, strict=True)]
+    return grads, phi_grads
+
+
 def hypergradient(student: FunctionalStudent, start: InnerState, teacher: nn.Module, states: Tensor,
                   batches: Sequence[Batch], inner_loss: InnerLoss, opt: InnerOptimizer, dev: Batch,
                   objective: Objective, memory: str | MemoryMode = "full", seed: int = 0,
@@ -439,75 +540,17 @@ def hypergradient(student: FunctionalStudent, start: InnerState, teacher: nn.Mod
     theta = teacher_params(teacher)
     stepper = _Stepper(student, inner_loss, opt, _phis(teacher, states, T), batches, start.step, seed)
     K = mode.steps_differentiated(T)
-    state = start.detached()
-    snapshots: dict[int, InnerState] = {}  # checkpoint mode: (w, v, buffers) every c steps
-    graphs: dict[int, _Saved] = {}  # steps whose g_t graph is kept for the adjoint
-    peak = 0
-    c = checkpoint_interval(T)
     with student.modes():
-        # ---- forward: T steps, keeping what the memory mode asks for
-        for t in range(T):
-            if mode.kind == "checkpoint" and t % c == 0:
-                snapshots[t] = state
-            keep = mode.kind != "checkpoint" and t >= T - K
-            state, saved = stepper.forward(state, t, record=True, keep=keep)
-            if saved is not None:
-                graphs[t] = saved
-            peak = max(peak, 2 * (len(snapshots) + len(graphs)))
-        end = state
-
-        # ---- dM/dw_T on the dev batch
-        w_T = [p.detach().requires_grad_(True) for p in end.params]
-        with torch.enable_grad():
-            logits, _ = student(w_T, end.buffers, dev.x, "dev")
-            M = objective(logits, dev.y)
-            w_hat = list(torch.autograd.grad(M, w_T, allow_unused=True))
-        w_hat = [torch.zeros_like(p) if g is None else g for p, g in zip(w_T, w_hat, strict=True)]
-        lg = logits.detach().float()
-        dev_acc = (lg.argmax(1) == dev.y).float().mean()
-        dev_ce = torch.nn.functional.cross_entropy(lg, dev.y)
-
-        # ---- reverse: the adjoint recursion over the last K steps
-        v_hat = [torch.zeros_like(p) for p in w_hat]
-        dphi: dict[int, list[Tensor]] = {}
-
-        def reverse_step(saved: _Saved, t: int) -> None:
-            nonlocal w_hat, v_hat
-            lr = opt.lr_at(start.step + t)
-            v_tilde = torch._foreach_add(v_hat, w_hat, alpha=-lr)  # dM/dg_t
-            hv, dphi[t] = stepper.adjoint(saved, v_tilde)
-            torch._foreach_add_(w_hat, hv)
-            v_hat = torch._foreach_mul(v_tilde, opt.momentum) if opt.momentum else [torch.zeros_like(v)
-                                                                                     for v in v_tilde]
-
+        forward = _forward_pass(stepper, start, T, K, mode)
+        w_hat, M, dev_acc, dev_ce = _dev_gradient(student, forward.end, dev, objective)
+        adjoint = _Adjoint(stepper, opt, start.step, w_hat)
+        peak = forward.peak
         if mode.kind == "checkpoint":
-            for seg_start in reversed(range(0, T, c)):
-                seg_end = min(T, seg_start + c)
-                s = snapshots.pop(seg_start)
-                segment = [s]
-                for t in range(seg_start, seg_end - 1):  # recompute the segment's weights (no graphs)
-                    s, _ = stepper.forward(s, t)
-                    segment.append(s)
-                peak = max(peak, 2 * len(snapshots) + len(segment) + 2)
-                for t in reversed(range(seg_start, seg_end)):  # one graph alive at a time
-                    s = segment.pop()
-                    reverse_step(stepper.graph(s.params, s.buffers, t), t)
+            peak = _reverse_checkpointed(adjoint, stepper, forward, T)
         else:
             for t in reversed(range(T - K, T)):
-                reverse_step(graphs.pop(t), t)
-
-        # ---- dtheta = sum_t (dPhi_t/dtheta)^T dPhi_t: one VJP through the teacher on the stacked states
-        steps = sorted(dphi)
-        grads: list[Tensor] = [torch.zeros_like(p) for p in theta]
-        phi_grads: tuple[Tensor, ...] = ()
-        if theta and steps:
-            phi_grads = tuple(torch.stack([dphi[t][i] for t in steps]) for i in range(len(dphi[steps[0]])))
-            with torch.enable_grad():
-                out = teacher(states[steps[0]:steps[-1] + 1])
-                out = out if isinstance(out, tuple | list) else (out,)
-                dot = torch.stack([(o * d).sum() for o, d in zip(out, phi_grads, strict=True)]).sum()
-                got = torch.autograd.grad(dot, theta, allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(theta, got, strict=True)]
+                adjoint.step(forward.graphs.pop(t), t)
+        grads, phi_grads = _teacher_gradient(teacher, theta, states, adjoint.dphi)
 
     losses, ce, acc = stepper.summaries()
     value = float(M.detach())
@@ -516,6 +559,6 @@ def hypergradient(student: FunctionalStudent, start: InnerState, teacher: nn.Mod
         raise NonFiniteHypergradientError(
             f"non-finite hypergradient at {label} (dev objective {value:.4g}, last inner loss "
             f"{losses[-1] if losses else float('nan'):.4g}); the episode was stopped and the teacher not updated")
-    return HypergradResult(end, losses, ce, acc, grads=grads, objective=value, dev_acc=float(dev_acc),
+    return HypergradResult(forward.end, losses, ce, acc, grads=grads, objective=value, dev_acc=float(dev_acc),
                            dev_ce=float(dev_ce), phi_grads=phi_grads, memory=mode, steps_differentiated=K,
                            peak_stored_weights=peak)

@@ -81,6 +81,7 @@ from teachkit.recipes.common import RunResult, finished_run
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.l2t.hypergrad import (
     FunctionalStudent,
+    HypergradResult,
     InnerOptimizer,
     InnerState,
     MemoryMode,
@@ -363,124 +364,170 @@ def warm_model(ctx: RunContext, weights: dict[str, Tensor] | None) -> nn.Module:
     return model
 
 
-def train_teacher(ctx: RunContext, warm: dict[str, Tensor] | None = None) -> tuple[LossTeacher, dict]:
-    """``l2t.teacher_steps`` episodes of hypergradient descent on the teacher (module docstring), written to
-    ``ctx.run_dir``; on ``ctx.resume`` an unfinished phase continues exactly after its last saved episode.
-    Returns (teacher, info)."""
-    cfg, splits, run_dir, device = ctx.cfg, ctx.splits, ctx.run_dir, ctx.device
-    l2t, tc = cfg.l2t, cfg.train
-    mode = check_config(cfg, splits)
-    C = splits.num_classes
-    student = FunctionalStudent(warm_model(ctx, warm))
-    teacher = build_teacher(l2t.teacher_model, C, StudentStateTracker.dim, l2t.gate_hidden, l2t.gate_rank,
-                            diagonal_phi(cfg, splits), l2t.attention_k).to(device)
-    theta = teacher_params(teacher)
-    adam = torch.optim.Adam(theta, lr=l2t.teacher_lr, betas=tuple(l2t.teacher_betas), eps=l2t.teacher_eps)
-    loader = ctx.batches()  # the final student's batches, in the same order
-    spe = len(loader)
-    total = tc.epochs * spe
-    opt = inner_optimizer(cfg, spe)
-    dev_loader = make_batches(splits.val, min(l2t.dev_batch_size, len(splits.val)), shuffle=True, seed=tc.seed)
-    tracker = StudentStateTracker(C)
-    objective = objective_fn(cfg)
-    alpha = l2t.ce_alpha
+def _ce_loss(logits: Tensor, y: Tensor) -> Tensor:
+    """Plain CE, the loss of the teacher-training student's ``l2t.warm_start_steps`` warm-up steps."""
+    return F.cross_entropy(upcast(logits), y)
 
-    def inner_loss(logits: Tensor, y: Tensor, W: Tensor, b: Tensor) -> Tensor:
-        return l2t_student_loss(upcast(logits), y, W, b, alpha)
 
-    def ce_loss(logits: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(upcast(logits), y)
+class _TeacherPhase:
+    """What the teacher phase evolves (module docstring, step 1): the teacher and its Adam, the teacher-training
+    student's state and its warm start, the state tracker, the position in the batch stream, and the info saved
+    with the teacher. The seeded student is built first: the teacher's initial weights are drawn right after it."""
 
-    log_path, teacher_path = run_dir / TEACHER_LOG, run_dir / TEACHER_FILE
-    info: dict[str, Any] = {"teacher_steps": l2t.teacher_steps, "teacher_steps_done": 0, "memory": str(mode),
-                            "biased_hypergradient": mode.biased and mode.k < l2t.inner_steps,
-                            "objective": l2t.objective}
-    state = student.initial_state(0)
-    saved = _teacher_phase_saved(teacher_path, teacher, adam, state, device) if ctx.resume else None
-    if saved is not None:  # continue after the last saved episode
-        info, state, start, (epoch, pos) = saved["info"], saved["state"], saved["start"], saved["stream"]
-        tracker.load_state_dict(saved["tracker"])
-        stream = BatchStream(loader, epoch, pos)
-        repair_jsonl(log_path, "step", info["teacher_steps_done"])
-    else:
-        stream = BatchStream(loader)
-        if l2t.warm_start_steps:
-            warm = unroll(student, state, stream.take(l2t.warm_start_steps), ce_loss, opt, seed=tc.seed)
-            tracker.observe_steps(warm.train_ce, warm.train_acc)
-            state = warm.end
-        start = state.clone()
-        log_path.unlink(missing_ok=True)
-    T = l2t.inner_steps
+    stream: BatchStream
+    start: InnerState
 
-    def save(done: int) -> None:
-        """The teacher after ``done`` episodes; with the phase's resume state unless it is finished."""
-        if done == l2t.teacher_steps:
-            save_teacher(teacher_path, teacher, info)
+    def __init__(self, ctx: RunContext, warm: dict[str, Tensor] | None) -> None:
+        cfg, splits = ctx.cfg, ctx.splits
+        self.ctx, self.l2t, self.tc = ctx, cfg.l2t, cfg.train
+        l2t = self.l2t
+        self.mode = check_config(cfg, splits)
+        C = splits.num_classes
+        self.student = FunctionalStudent(warm_model(ctx, warm))
+        self.teacher = build_teacher(l2t.teacher_model, C, StudentStateTracker.dim, l2t.gate_hidden, l2t.gate_rank,
+                                     diagonal_phi(cfg, splits), l2t.attention_k).to(ctx.device)
+        self.theta = teacher_params(self.teacher)
+        self.adam = torch.optim.Adam(self.theta, lr=l2t.teacher_lr, betas=tuple(l2t.teacher_betas),
+                                     eps=l2t.teacher_eps)
+        self.loader = ctx.batches()  # the final student's batches, in the same order
+        spe = len(self.loader)
+        self.total = self.tc.epochs * spe
+        self.opt = inner_optimizer(cfg, spe)
+        self.dev_loader = make_batches(splits.val, min(l2t.dev_batch_size, len(splits.val)), shuffle=True,
+                                       seed=self.tc.seed)
+        self.tracker = StudentStateTracker(C)
+        self.objective = objective_fn(cfg)
+        self.log_path, self.teacher_path = ctx.run_dir / TEACHER_LOG, ctx.run_dir / TEACHER_FILE
+        self.info: dict[str, Any] = {"teacher_steps": l2t.teacher_steps, "teacher_steps_done": 0,
+                                     "memory": str(self.mode),
+                                     "biased_hypergradient": self.mode.biased and self.mode.k < l2t.inner_steps,
+                                     "objective": l2t.objective}
+        self.state = self.student.initial_state(0)
+
+    def inner_loss(self, logits: Tensor, y: Tensor, W: Tensor, b: Tensor) -> Tensor:
+        """``ce_alpha CE + (1 - ce_alpha) L_Phi``, the loss the unroll differentiates."""
+        return l2t_student_loss(upcast(logits), y, W, b, self.l2t.ce_alpha)
+
+    def begin(self) -> None:
+        """On resume, continue after the last saved episode; else warm the student up with CE steps, start a
+        fresh log and save the untrained teacher (with its resume state)."""
+        saved = (_teacher_phase_saved(self.teacher_path, self.teacher, self.adam, self.state, self.ctx.device)
+                 if self.ctx.resume else None)
+        if saved is not None:
+            self.info, self.state, self.start, (epoch, pos) = (saved["info"], saved["state"], saved["start"],
+                                                               saved["stream"])
+            self.tracker.load_state_dict(saved["tracker"])
+            self.stream = BatchStream(self.loader, epoch, pos)
+            repair_jsonl(self.log_path, "step", self.info["teacher_steps_done"])
             return
-        adam_tensors, adam_struct = optimizer_to_flat(adam)
-        extra = {**{f"resume/{k}": v for k, v in adam_tensors.items()}, **_inner_tensors("resume/student/", state),
-                 **_inner_tensors("resume/start/", start)}
-        resume = {"student_step": state.step, "start_step": start.step, "stream": [stream.epoch, stream.pos],
-                  "tracker": tracker.state_dict(), "adam": adam_struct}
-        save_teacher(teacher_path, teacher, {**info, "resume": resume}, extra)
+        self.stream = BatchStream(self.loader)
+        if self.l2t.warm_start_steps:
+            warm = unroll(self.student, self.state, self.stream.take(self.l2t.warm_start_steps), _ce_loss, self.opt,
+                          seed=self.tc.seed)
+            self.tracker.observe_steps(warm.train_ce, warm.train_acc)
+            self.state = warm.end
+        self.start = self.state.clone()
+        self.log_path.unlink(missing_ok=True)
+        self.save(0)
 
-    if saved is None:
-        save(0)
+    def save(self, done: int) -> None:
+        """The teacher after ``done`` episodes; with the phase's resume state unless it is finished."""
+        if done == self.l2t.teacher_steps:
+            save_teacher(self.teacher_path, self.teacher, self.info)
+            return
+        adam_tensors, adam_struct = optimizer_to_flat(self.adam)
+        extra = {**{f"resume/{k}": v for k, v in adam_tensors.items()},
+                 **_inner_tensors("resume/student/", self.state), **_inner_tensors("resume/start/", self.start)}
+        resume = {"student_step": self.state.step, "start_step": self.start.step,
+                  "stream": [self.stream.epoch, self.stream.pos], "tracker": self.tracker.state_dict(),
+                  "adam": adam_struct}
+        save_teacher(self.teacher_path, self.teacher, {**self.info, "resume": resume}, extra)
 
-    def fresh_if_needed(s: InnerState, steps: int) -> InnerState:
-        if l2t.episode_start == "reset" or s.step + steps > total:
-            return start  # never modified in place: every step makes new tensors
+    def fresh_if_needed(self, s: InnerState, steps: int) -> InnerState:
+        """``s``, or the warm start when episodes reset or ``steps`` more would pass the end of the schedule."""
+        if self.l2t.episode_start == "reset" or s.step + steps > self.total:
+            return self.start  # never modified in place: every step makes new tensors
         return s
 
-    for episode in range(info["teacher_steps_done"], l2t.teacher_steps):
+    def run_episode(self, episode: int) -> None:
+        """One teacher step: ``inner_steps`` differentiated student steps and the hypergradient, Adam on the
+        teacher, the optional plain steps, then the log line and the save."""
         t0 = time.perf_counter()
-        state = fresh_if_needed(state, T)
-        states = tracker.episode(state.step, T, total, device)
-        batches = stream.take(T)
-        dev = next(iter(dev_loader.batches(episode)))
-        label = f"teacher step {episode + 1}/{l2t.teacher_steps}"
+        T = self.l2t.inner_steps
+        self.state = self.fresh_if_needed(self.state, T)
+        states = self.tracker.episode(self.state.step, T, self.total, self.ctx.device)
+        batches = self.stream.take(T)
+        dev = next(iter(self.dev_loader.batches(episode)))
+        label = f"teacher step {episode + 1}/{self.l2t.teacher_steps}"
         try:
-            res = hypergradient(student, state, teacher, states, batches, inner_loss, opt, dev, objective,
-                                mode, seed=tc.seed, label=label)
+            res = hypergradient(self.student, self.state, self.teacher, states, batches, self.inner_loss, self.opt,
+                                dev, self.objective, self.mode, seed=self.tc.seed, label=label)
         except NonFiniteHypergradientError as e:
             raise NonFiniteHypergradientError(f"{e}; last good teacher (after {episode} step(s)) kept in "
-                                              f"{str(teacher_path)!r}") from None
+                                              f"{str(self.teacher_path)!r}") from None
         with torch.no_grad():
-            W, b = teacher(states)
+            W, b = self.teacher(states)
             stats = phi_stats(W, b)
-        grad_norm = math.sqrt(sum(float(g.pow(2).sum()) for g in res.grads))
-        adam.zero_grad(set_to_none=True)
-        for p, g in zip(theta, res.grads, strict=True):
+        grad_norm = self.update_teacher(res.grads)
+        self.tracker.observe_steps(res.train_ce, res.train_acc)
+        self.tracker.observe_dev(res.dev_ce, res.dev_acc)
+        self.state = res.end
+        if self.l2t.episode_gap:
+            self.plain_steps(episode, label)
+        self.finish_episode(episode, res, stats, grad_norm, t0)
+
+    def update_teacher(self, grads: list[Tensor]) -> float:
+        """One Adam step on the teacher along the hypergradient; its norm."""
+        grad_norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
+        self.adam.zero_grad(set_to_none=True)
+        for p, g in zip(self.theta, grads, strict=True):
             p.grad = g
-        adam.step()
-        tracker.observe_steps(res.train_ce, res.train_acc)
-        tracker.observe_dev(res.dev_ce, res.dev_acc)
-        state = res.end
-        if l2t.episode_gap:
-            state = fresh_if_needed(state, l2t.episode_gap)
-            try:
-                gap = unroll(student, state, stream.take(l2t.episode_gap), inner_loss, opt, teacher,
-                             tracker.episode(state.step, l2t.episode_gap, total, device), seed=tc.seed)
-            except NonFiniteHypergradientError as e:
-                raise NonFiniteHypergradientError(f"{e} (plain steps after {label}); last good teacher (after "
-                                                  f"{episode} step(s)) kept in {str(teacher_path)!r}") from None
-            tracker.observe_steps(gap.train_ce, gap.train_acc)
-            state = gap.end
+        self.adam.step()
+        return grad_norm
+
+    def plain_steps(self, episode: int, label: str) -> None:
+        """``l2t.episode_gap`` undifferentiated student steps under the updated teacher."""
+        gap_steps = self.l2t.episode_gap
+        self.state = self.fresh_if_needed(self.state, gap_steps)
+        try:
+            gap = unroll(self.student, self.state, self.stream.take(gap_steps), self.inner_loss, self.opt,
+                         self.teacher, self.tracker.episode(self.state.step, gap_steps, self.total, self.ctx.device),
+                         seed=self.tc.seed)
+        except NonFiniteHypergradientError as e:
+            raise NonFiniteHypergradientError(f"{e} (plain steps after {label}); last good teacher (after "
+                                              f"{episode} step(s)) kept in {str(self.teacher_path)!r}") from None
+        self.tracker.observe_steps(gap.train_ce, gap.train_acc)
+        self.state = gap.end
+
+    def finish_episode(self, episode: int, res: HypergradResult, stats: dict[str, float], grad_norm: float,
+                       t0: float) -> None:
+        """The episode's log line, then the save (a resume cuts the log back to it), then the progress line."""
+        l2t, total = self.l2t, self.total
         record = {"step": episode + 1, "student_step": res.end.step, "progress": res.end.step / total,
                   "objective": l2t.objective, "dev_objective": res.objective, "dev_acc": 100 * res.dev_acc,
                   "dev_ce": res.dev_ce, "train_loss": sum(res.losses) / len(res.losses),
                   "train_acc": 100 * sum(res.train_acc) / len(res.train_acc), "hypergrad_norm": grad_norm,
-                  "phi": stats, "memory": str(mode), "steps_differentiated": res.steps_differentiated,
+                  "phi": stats, "memory": str(self.mode), "steps_differentiated": res.steps_differentiated,
                   "biased": res.biased, "time_s": time.perf_counter() - t0}
-        _append_jsonl(log_path, record)  # before the checkpoint: a resume cuts the log back to it
-        info = {**info, "teacher_steps_done": episode + 1, "dev_objective": res.objective,
-                "dev_acc": 100 * res.dev_acc}
-        save(episode + 1)
-        if tc.progress:
-            print(f"{cfg.name} teacher step {episode + 1}/{l2t.teacher_steps}  dev {l2t.objective} "
+        _append_jsonl(self.log_path, record)  # before the checkpoint: a resume cuts the log back to it
+        self.info = {**self.info, "teacher_steps_done": episode + 1, "dev_objective": res.objective,
+                     "dev_acc": 100 * res.dev_acc}
+        self.save(episode + 1)
+        if self.tc.progress:
+            print(f"{self.ctx.cfg.name} teacher step {episode + 1}/{l2t.teacher_steps}  dev {l2t.objective} "
                   f"{res.objective:.4f}  dev acc {100 * res.dev_acc:.1f}%  |grad theta| {grad_norm:.3g}  "
                   f"phi {phi_line(stats)}", flush=True)
-    return teacher, info
+
+
+def train_teacher(ctx: RunContext, warm: dict[str, Tensor] | None = None) -> tuple[LossTeacher, dict]:
+    """``l2t.teacher_steps`` episodes of hypergradient descent on the teacher (module docstring), written to
+    ``ctx.run_dir``; on ``ctx.resume`` an unfinished phase continues exactly after its last saved episode.
+    Returns (teacher, info)."""
+    phase = _TeacherPhase(ctx, warm)
+    phase.begin()
+    for episode in range(phase.info["teacher_steps_done"], ctx.cfg.l2t.teacher_steps):
+        phase.run_episode(episode)
+    return phase.teacher, phase.info
 
 
 def _teacher_phase_saved(path: Path, teacher: LossTeacher, adam: torch.optim.Optimizer, like: InnerState,
