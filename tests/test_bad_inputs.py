@@ -106,6 +106,9 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      {"cfg.yaml": TINY}, {}, "kd.options.fsp.init_epochs=-1 is out of range: must be >= 0"),
     ("ab-margin-range", ["distill", "{cfg}", "kd.method=ab", "kd.options.ab.margin=0"], {"cfg.yaml": TINY}, {},
      "kd.options.ab.margin=0.0 is out of range: must be > 0.0"),
+    ("kdsvd-layout", ["distill", "{cfg}", "kd.method=kdsvd", "kd.options.kdsvd.layout=torchdistill"],
+     {"cfg.yaml": TINY}, {}, "kd.options.kdsvd.layout='torchdistill' is not allowed (did you mean 'repdistiller'?); "
+     "choose one of: repdistiller, mdistiller"),
     ("kdsvd-k-range", ["distill", "{cfg}", "kd.method=kdsvd", "kd.options.kdsvd.k=0"], {"cfg.yaml": TINY}, {},
      "kd.options.kdsvd.k=0 is out of range: must be >= 1"),
     ("ofd-teacher-without-batchnorm", ["distill", "{cfg}", "kd.method=ofd"], {"cfg.yaml": TINY}, {},
@@ -119,6 +122,10 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "optim.name='adam' is not allowed (did you mean 'adamw'?); choose one of: sgd, adamw, dot"),
     ("unknown-model", ["train", "{cfg}", "model.name=resnet2O"], {"cfg.yaml": TINY}, {}, "unknown model 'resnet2O'"),
     ("unknown-recipe", ["run", "nosuch", "{cfg}"], {"cfg.yaml": TINY}, {}, "unknown recipe 'nosuch'"),
+    ("callback-option-range", ["train", "{cfg}", "train.callbacks=[{name: early_stop, options: {patience: 0}}]"],
+     {"cfg.yaml": TINY}, {}, "train.callbacks[0].options.patience=0 is out of range: must be >= 1"),
+    ("callback-not-a-name", ["train", "{cfg}", "train.callbacks=[3]"], {"cfg.yaml": TINY}, {},
+     "train.callbacks[0]=3 is not allowed: expected a string or a mapping"),
     ("unknown-callback", ["train", "{cfg}", "train.callbacks=[early_sotp]"], {"cfg.yaml": TINY}, {},
      "train.callbacks[0]: unknown callback 'early_sotp' (did you mean 'early_stop'?); choose one of: early_stop"),
     # --- optimiser values
@@ -309,7 +316,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 125 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 128 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

@@ -32,6 +32,7 @@ import teachkit.tasks  # noqa: F401  (task datasets and evaluators register befo
 from teachkit.data import DATASETS, DataConfig
 from teachkit.engine import LoopConfig, OptimConfig
 from teachkit.engine.callbacks import callback_specs
+from teachkit.engine.dot import scaler_conflict
 from teachkit.errors import ConfigError
 from teachkit.losses import OBJECTIVES, KDConfig
 from teachkit.models import ModelConfig, TapSpec
@@ -153,8 +154,7 @@ class RunConfig(Options):
         import_plugins(self.plugins)  # already imported by from_dict; checks the names of a config made in Python
         for key, optim in (("optim", self.optim), ("teacher.optim", self.teacher.optim)):
             if optim.name == "dot" and self.train.precision == "fp16":  # refused here, before a teacher trains
-                raise ConfigError(f"{key}.name=dot keeps the task and distillation gradients apart, which fp16's "
-                                  "gradient scaler does not support; use train.precision=fp32, bf16 or auto")
+                raise ConfigError(scaler_conflict(f"{key}.name"))
         sections = {}
         for name, cls in SECTIONS.items():
             given = self.sections.get(name)

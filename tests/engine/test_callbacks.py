@@ -21,24 +21,8 @@ from teachkit.engine import Callback, LoopConfig, OptimConfig, Trainer, fit, loa
 from teachkit.engine.callbacks import CALLBACKS, EarlyStop, EarlyStopOptions, callback_specs
 from teachkit.engine.syncs import HostSyncCounter
 from teachkit.errors import ConfigError
-from teachkit.types import Evaluator, StepOutput
-
-
-class Scripted(Evaluator):
-    """Val/test metrics per epoch given in advance."""
-
-    primary = "acc"
-
-    def __init__(self, val: list[dict[str, float]]) -> None:
-        self.val, self.calls = val, 0
-
-    def metric_names(self) -> tuple[str, ...]:
-        return tuple(self.val[0])
-
-    def evaluate(self, model):
-        self.calls += 1
-        v = self.val[min(self.calls, len(self.val)) - 1]
-        return {"val": v, "test": v}
+from teachkit.types import StepOutput
+from tests.engine.test_trainer import Scripted
 
 
 class Recorder(Callback):

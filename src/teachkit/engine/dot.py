@@ -36,11 +36,18 @@ TASK_TERMS = ("ce", "l2")
 TASK_BUFFER, KD_BUFFER = "momentum_buffer", "momentum_kd_buffer"
 
 
+def scaler_conflict(key: str) -> str:
+    """The one-line refusal of an optimiser named at ``key`` (``optim.name``) that keeps the loss terms' gradients
+    apart, under fp16 (its gradient scaler scales one summed loss)."""
+    return (f"{key}=dot keeps the task and distillation gradients apart, which fp16's gradient scaler does not "
+            "support; use train.precision=fp32, bf16 or auto")
+
+
 class SplitBackward:
     """Mixin for an optimiser that needs the loss terms' gradients apart (DOT keeps one momentum for the task
     loss and another for the distillation loss): the engine calls :meth:`backward` with the step's named terms
-    instead of backpropagating their sum, then ``step()`` as usual. Not combined with fp16's gradient scaler,
-    gradient clipping or several processes (the engine refuses those in one line)."""
+    instead of backpropagating their sum, then ``step()`` as usual. Not combined with fp16's gradient scaler or
+    several processes (the engine refuses those in one line; ``OptimConfig`` refuses clipping)."""
 
     def backward(self, terms: Mapping[str, Tensor], factor: float | None) -> None:
         """Backpropagate ``terms`` (each times ``factor``, the chunk's share of the batch; None = 1), keeping

@@ -76,6 +76,7 @@ from teachkit.engine.checkpoint import (
     strip,
     write_error,
 )
+from teachkit.engine.dot import scaler_conflict
 from teachkit.engine.optim import OptimConfig, SplitBackward, build_optimizer
 from teachkit.engine.precision import (
     Compiled,
@@ -742,11 +743,12 @@ class Trainer:
 
     def _step_end(self, hooks: list[Callback], epoch: int, step: int, done: StepDone, lr: float) -> None:
         """``on_step_end`` of the callbacks that override it, with the step's means as device tensors."""
-        sums, n = done.terms or {}, max(1, done.samples)
-        loss = sums.pop("loss", None)
+        sums, n = dict(done.terms or {}), max(1, done.samples)
+        loss = sums.pop("loss", None)  # None: this process had no rows in the step
         info = StepInfo(epoch=epoch, step=step, global_step=epoch * self.steps + step + 1,
                         steps_per_epoch=self.steps, terms={k: v / n for k, v in sums.items()},
-                        loss=loss / n if loss is not None else torch.zeros((), dtype=torch.float64),
+                        loss=loss / n if loss is not None else torch.zeros((), dtype=torch.float64,
+                                                                           device=self.device),
                         samples=done.samples, lr=lr)
         for cb in hooks:
             cb.on_step_end(self, info)
@@ -857,19 +859,15 @@ class Trainer:
         (weighted if self.scaler is None else self.scaler.scale(weighted)).backward()
 
     def _check_split_backward(self) -> None:
-        """An optimiser with :class:`SplitBackward` (DOT) runs in one process, without fp16's gradient scaler and
-        without clipping: a one-line ConfigError otherwise."""
+        """An optimiser with :class:`SplitBackward` (DOT) runs in one process and without fp16's gradient scaler
+        (clipping is refused by its options): a one-line ConfigError otherwise."""
         if not isinstance(self.optimizer, SplitBackward):
             return
-        name = self.optim_cfg.name
         if self.scaler is not None:
-            raise ConfigError(f"optim.name={name} keeps the task and distillation gradients apart, which fp16's "
-                              f"gradient scaler does not support; use train.precision=fp32, bf16 or auto")
-        if self.optim_cfg.grad_clip:
-            raise ConfigError(f"optim.name={name} does not support optim.grad_clip={self.optim_cfg.grad_clip} "
-                              f"(its two momenta see the gradients apart); unset optim.grad_clip")
+            raise ConfigError(scaler_conflict("optim.name"))
         if self.world > 1:
-            raise ConfigError(f"optim.name={name} runs in one process, not {self.world}: run without torchrun")
+            raise ConfigError(f"optim.name={self.optim_cfg.name} runs in one process, not {self.world}: run without "
+                              "torchrun")
 
     def _step(self, chunk: Batch, progress: Progress) -> StepOutput:
         """``step_fn`` under the run's autocast; a compile failure reverts the compiled models to eager mode
