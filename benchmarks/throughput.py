@@ -3,9 +3,9 @@
 For each teacher -> student pair (``--pairs``; default ResNet-56 -> ResNet-20 and ResNet-32x4 -> ResNet-8x4) on
 CIFAR-100 shapes (3x32x32, 100 classes, synthetic data held in memory) and each setting of the engine
 
-    default              LoopConfig's defaults (precision=auto, channels_last=auto, compile=false), resolved for
-                         the device and printed (auto: bf16 autocast + channels_last on CPUs with AVX512-BF16 or
-                         AMX and on CUDA GPUs with bf16, else fp32)
+    default              LoopConfig's defaults (precision=auto, channels_last=auto; compile off: its own setting),
+                         resolved for the device and printed (auto: bf16 autocast + channels_last on CPUs with
+                         AVX512-BF16 or AMX and on CUDA GPUs with bf16, else fp32); the teacher run plain
     fp32                 precision=fp32, channels_last=false
     bf16                 precision=bf16, NCHW
     bf16+channels_last   precision=bf16, channels_last=true
@@ -38,12 +38,28 @@ matmul peak (a square matmul of ``--peak-size``, median of 5) is measured per pr
 Targets (issue "Scale and speed"), checked on the default setting: >= 2.4x the plain fp32 loop's img/s; KD step
 <= 1.05x (no-KD step + teacher forward); cached-view KD step <= 1.15x the no-KD step.
 
-Then (e) the host syncs per step of a CRD + KD step through the engine (default settings, first pair), counted (not
-timed) with :class:`teachkit.engine.syncs.HostSyncCounter` as the difference between an epoch of 2S and one of S
-steps (so per-epoch reads cancel out).
+Then (e; not with ``--levers``) the host syncs per step of a CRD + KD step through the engine (default settings,
+first pair), counted (not timed) with :class:`teachkit.engine.syncs.HostSyncCounter` as the difference between an
+epoch of 2S and one of S steps (so per-epoch reads cancel out).
+
+``--levers`` measures instead each lever on its own on top of the default setting, KD step only, interleaved over
+the rounds: ``folded_teacher`` (the frozen teacher from ``teachkit.models.inference.inference_teacher``: BatchNorm
+folded, weights cast to the setting's precision and layout once; skipped with a note where that module is
+missing), ``optim_loop`` and ``optim_fused`` (``optim.implementation``; the default is ``foreach``), ``compile``
+(``train.compile=true``; the compiling warm-up epoch's time is printed), and the plain fp32 loop: img/s, vs the
+default, vs the plain fp32 loop, GFLOP/s and % of the matmul peak of its precision, with issue 26's AMX targets
+(default >= 35% of the peak, >= 3.5x the plain fp32 loop). ``--profile`` adds a ``torch.profiler`` table of the
+default KD step (top ``--profile-rows`` ops by self CPU time, self CUDA time on a GPU) and the share of a step spent
+fetching and augmenting its batch. The header names the machine (CPU model, logical CPUs, torch threads, AMX and
+AVX512-BF16, GPU), in ``--json`` too.
 
     python benchmarks/throughput.py [--pairs resnet56-resnet20,resnet32x4-resnet8x4] [--steps 10] [--rounds 2]
         [--batch 128 (also try 256)] [--no-compile] [--device cpu|cuda] [--json results.json]
+        [--levers] [--profile [--profile-rows 20]]
+
+Issue 26's table on a machine with AMX, in one command:
+
+    python benchmarks/throughput.py --levers --profile --pairs resnet56-resnet20 --steps 30 --rounds 3 --json amx.json
 """
 
 from __future__ import annotations
@@ -53,18 +69,20 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -79,7 +97,7 @@ from teachkit.engine.trainer import batch_channels_last, channels_last
 from teachkit.losses import build_objective, needs_of
 from teachkit.models import FrozenTeacher, Tapped, build_model
 from teachkit.recipes.standalone import label_step
-from teachkit.types import StepOutput, Taps
+from teachkit.types import Batch, StepOutput, Taps
 
 PAIRS = {"resnet56-resnet20": ("resnet56", "resnet20"), "resnet32x4-resnet8x4": ("resnet32x4", "resnet8x4")}
 #: LoopConfig changes per setting (``default``: none)
@@ -90,11 +108,27 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "bf16+channels_last": {"precision": "bf16", "channels_last": True},
     "compile": {"compile": True},
 }
+#: ``--levers``: each lever on its own against the default (LoopConfig changes; ``optim``: OptimConfig changes;
+#: ``teacher: folded``: the frozen teacher from ``models.inference.inference_teacher``, BatchNorm folded, weights
+#: cast to the setting's precision and layout once)
+LEVERS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "folded_teacher": {"teacher": "folded"},
+    "optim_loop": {"optim": {"implementation": "loop"}},
+    "optim_fused": {"optim": {"implementation": "fused"}},
+    "compile": {"compile": True},
+}
+#: the profiler's label around each batch fetch (index, gather, on-device augmentation)
+DATA_LABEL = "data: BatchLoader batch + Augment"
 SHAPE, CLASSES, WARMUP = (3, 32, 32), 100, 2
+#: what each setting measures: the KD step, the no-KD step, the cached-view KD step, the teacher forward alone
+KINDS = ("kd", "ce", "cached", "teacher")
 #: the crop's padding in teachkit and in the plain loop alike: zeros, torchvision's RandomCrop(32, padding=4)
 PAD_MODE = "zeros"
 #: the issue's targets, checked on the default setting
 TARGET_SPEEDUP, TARGET_KD_PARTS, TARGET_CACHED = 2.4, 1.05, 1.15
+#: issue 26's targets on a CPU with AMX (``--levers``): % of the matmul peak and speed-up over the plain fp32 loop
+TARGET_PEAK_AMX, TARGET_SPEEDUP_AMX = 35.0, 3.5
 #: CPU flags that decide which precision runs fast (recorded in the header)
 FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16")
 DTYPE_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -230,15 +264,19 @@ class Arm:
     weights, in the setting's layout; the step's autocast casts them), the KD objective and the cached view's
     logits."""
 
-    def __init__(self, name: str, changes: dict[str, Any], bench: Bench) -> None:
-        self.name, self.bench, device = name, bench, bench.device
-        self.loop = LoopConfig(epochs=1, progress=False, **changes)
+    def __init__(self, name: str, changes: dict[str, Any], bench: Bench, kinds: tuple[str, ...] = KINDS) -> None:
+        self.name, self.bench, self.kinds, device = name, bench, kinds, bench.device
+        changes = dict(changes)
+        self.optim = OptimConfig(**changes.pop("optim", {}))
+        self.folded = changes.pop("teacher", None) == "folded"
+        # compile only in the compile setting: train.compile=auto resolves off for runs this short anyway
+        self.loop = LoopConfig(epochs=1, progress=False, **{"compile": False, **changes})
         self.compile = self.loop.compile
         self.precision = resolve_precision(self.loop.precision, device)
         self.nhwc = resolve_channels_last(self.loop.channels_last, self.precision)
         self.layout = layout_name(self.precision.name, self.nhwc)
         self.student = bench.fresh_student()
-        self.frozen = FrozenTeacher(channels_last(copy.deepcopy(bench.teacher), self.nhwc))
+        self.frozen = FrozenTeacher(self.teacher_module())
         s_needs, t_needs = needs_of(["kd"])
         self.s_tap, self.t_tap = Tapped(self.student, want=s_needs), Tapped(self.frozen, want=t_needs)
         probe = bench.data.x[:2]
@@ -247,12 +285,24 @@ class Arm:
             self.objective = build_objective(["kd"], self.s_tap(probe), self.t_tap(probe), num_classes=CLASSES,
                                              num_samples=len(bench.data)).to(device)
             self.student.train()
-        self.cache = self.teacher_logits(bench.data.x)
+        self.cache = self.teacher_logits(bench.data.x) if "cached" in kinds else None
         self.x = self.input(bench.data.x[:bench.batch])
         self.compiled: list[str] = []
+        self.compile_s = float("nan")  # the compiling warm-up epoch's wall time (WARMUP steps, compile included)
         self.warnings: list[str] = []
-        self.times: dict[str, list[float]] = {k: [] for k in ("kd", "ce", "cached", "teacher")}
+        self.times: dict[str, list[float]] = {k: [] for k in kinds}
         self.peak_mem: list[int] = []
+
+    def teacher_module(self) -> nn.Module:
+        """The pair's teacher in the setting's layout, or (``teacher: folded``) the inference teacher: BatchNorm
+        folded, weights cast once (an ImportError where ``teachkit.models.inference`` is missing)."""
+        if not self.folded:
+            return channels_last(copy.deepcopy(self.bench.teacher), self.nhwc)
+        from teachkit.models.inference import inference_teacher  # lazily: absent from older checkouts
+
+        example = self.input(self.bench.data.x[:2])
+        return inference_teacher(self.bench.teacher, example, dtype=self.precision.dtype, channels_last=self.nhwc,
+                                 fold_bn=True)
 
     def input(self, x: Tensor) -> Tensor:
         return batch_channels_last(x) if self.nhwc else x
@@ -287,7 +337,7 @@ class Arm:
         modules = {"model": self.student} if kind == "ce" else {"model": self.student, "objective": self.objective}
         frozen = {"teacher": self.frozen} if kind == "kd" else None
         run_dir = Path(self.bench.tmp) / self.name / kind
-        result = fit(modules, self.step_fn(kind, clock), batches, OptimConfig(), self.bench.evaluator, run_dir,
+        result = fit(modules, self.step_fn(kind, clock), batches, self.optim, self.bench.evaluator, run_dir,
                      loop=self.loop, frozen=frozen)
         for warning in result.summary.get("warnings", []):
             if warning not in self.warnings:
@@ -300,8 +350,12 @@ class Arm:
                                        self.bench.data.y[:WARMUP * self.bench.batch]),
                            self.bench.batch, shuffle=False, seed=0, augment=self.bench.augment)
         for kind in ("kd", "ce", "cached"):
+            if kind not in self.kinds:
+                continue
+            start = time.perf_counter()
             summary = self.epoch(kind, warm)
             if kind == "kd":
+                self.compile_s = time.perf_counter() - start
                 self.compiled = list(summary.get("compiled", []))
                 if not self.compiled:  # the engine fell back to eager (its warning is kept): no more attempts
                     self.loop = dataclasses.replace(self.loop, compile=False)
@@ -310,6 +364,8 @@ class Arm:
         """One round: the KD, no-KD and cached-view steps through the engine and the teacher forward alone."""
         device = self.bench.device
         for kind in ("kd", "ce", "cached"):
+            if kind not in self.kinds:
+                continue
             if device.type == "cuda" and kind == "kd":
                 torch.cuda.reset_peak_memory_stats(device)
             clock = Clock(device)
@@ -317,6 +373,8 @@ class Arm:
             self.times[kind].append(clock.step_time())
             if device.type == "cuda" and kind == "kd":
                 self.peak_mem.append(torch.cuda.max_memory_allocated(device))
+        if "teacher" not in self.kinds:
+            return
 
         def teacher_forward() -> None:
             with self.precision.autocast(device):
@@ -345,14 +403,29 @@ class Bench:
         self.evaluator = StepsOnly({}, CLASSES)
         self.teacher = build_model(teacher, SHAPE, CLASSES).to(device).eval()
         self.student_init = build_model(student, SHAPE, CLASSES).state_dict()
-        settings = {k: v for k, v in SETTINGS.items() if not (args.no_compile and v.get("compile"))}
-        self.arms = [Arm(name, changes, self) for name, changes in settings.items()]
-        wanted = {("fp32", False), *((a.precision.name, a.nhwc) for a in self.arms)}
+        self.notes: list[str] = []
+        self.arms = self.build_arms(args)
+        wanted = {("fp32", False)} if args.levers else {("fp32", False), *((a.precision.name, a.nhwc)
+                                                                          for a in self.arms)}
         self.plain = {layout_name(p, nhwc): PlainLoop(self.fresh_student(), self.teacher, self.data, args.batch,
                                                       None if p == "fp32" else DTYPES[p], nhwc, device)
                       for p, nhwc in sorted(wanted, key=lambda k: (k[0] != "fp32", k))}
         self.plain_times: dict[str, list[float]] = {k: [] for k in self.plain}
         self.flops = kd_flops(self.fresh_student(), self.teacher, self.data.x[:args.batch], self.data.y[:args.batch])
+
+    def build_arms(self, args: argparse.Namespace) -> list[Arm]:
+        """The settings (``--levers``: the levers, KD step only); a lever that cannot be built here (the folded
+        teacher without ``teachkit.models.inference``) is skipped with a note."""
+        table, kinds = (LEVERS, ("kd",)) if args.levers else (SETTINGS, KINDS)
+        arms = []
+        for name, changes in table.items():
+            if args.no_compile and changes.get("compile"):
+                continue
+            try:
+                arms.append(Arm(name, changes, self, kinds))
+            except ImportError as e:
+                self.notes.append(f"setting {name} skipped: {e}")
+        return arms
 
     def fresh_student(self) -> nn.Module:
         model = build_model(self.student_name, SHAPE, CLASSES)
@@ -425,6 +498,57 @@ def host_syncs(bench: Bench, sync_steps: int) -> tuple[float, dict[str, float]]:
     return per_step, {k: v / sync_steps for k, v in sorted(kinds.items())}
 
 
+# ----------------------------------------------------------------------------------------------- profile
+class LabelledLoader(BatchLoader):
+    """A :class:`BatchLoader` whose every batch fetch (index, gather, augmentation) runs under ``DATA_LABEL``."""
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        batches = super().batches(epoch)
+        while True:
+            with record_function(DATA_LABEL):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch
+
+
+def profile_default(bench: Bench, rows: int) -> dict[str, Any]:
+    """``torch.profiler`` over one epoch of the default setting's KD step through the engine: the top ``rows`` ops
+    by self CPU time (self CUDA time on a GPU), and the share of a step spent fetching and augmenting its batch."""
+    arm = next(a for a in bench.arms if a.name == "default")
+    cuda = bench.device.type == "cuda"
+    loader = LabelledLoader(bench.data, bench.batch, shuffle=True, seed=0, augment=bench.augment)
+    clock = Clock(bench.device)
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        arm.epoch("kd", loader, clock)
+    events = prof.key_averages()
+    device_key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    sort_key = device_key if cuda else "self_cpu_time_total"
+    steps, step_ms = len(loader), clock.step_time() * 1e3
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    ranked = sorted((e for e in events if e.key != DATA_LABEL), key=lambda e: getattr(e, sort_key), reverse=True)
+    top = [{"op": e.key, "calls_per_step": e.count / steps, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+            "self_cpu_percent": 100 * e.self_cpu_time_total / total, "cpu_total_ms_per_step": e.cpu_time_total / 1e3
+            / steps, **({"self_cuda_ms_per_step": getattr(e, device_key) / 1e3 / steps} if cuda else {})}
+           for e in ranked[:rows]]
+    data = next((e for e in events if e.key == DATA_LABEL), None)
+    data_ms = data.cpu_time_total / 1e3 / data.count if data is not None and data.count else float("nan")
+    return {"setting": "default", "pair": f"{bench.teacher_name} -> {bench.student_name}", "steps": steps,
+            "step_ms_profiled": step_ms, "sorted_by": sort_key, "top_ops": top, "data_ms_per_step": data_ms,
+            "data_percent_of_step": 100 * ratio(data_ms, step_ms),
+            "table": events.table(sort_by=sort_key, row_limit=rows)}
+
+
+def print_profile(prof: dict[str, Any]) -> None:
+    print(f"\n### profile: {prof['pair']}, default setting, {prof['steps']} KD steps through the engine "
+          f"(median step {prof['step_ms_profiled']:.1f} ms under the profiler), top {len(prof['top_ops'])} ops by "
+          f"{prof['sorted_by']}\n")
+    print(prof["table"])
+    print(f"data (batch gather + on-device augmentation, label {DATA_LABEL!r}): {prof['data_ms_per_step']:.2f} ms per "
+          f"step = {prof['data_percent_of_step']:.1f}% of the step")
+
+
 # ----------------------------------------------------------------------------------------------- report
 def progress(message: str, t0: float) -> None:
     print(f"[{time.perf_counter() - t0:6.0f} s] {message}", file=sys.stderr, flush=True)
@@ -441,6 +565,30 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform`` where that cannot be read)."""
+    return device_name(torch.device("cpu"))
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on: CPU model, logical CPUs, torch and its threads, AMX and AVX512-BF16 (the
+    instructions that make CPU bf16 fast), and the GPU where CUDA is available; so figures from different machines
+    are never mixed."""
+    flags = cpu_flags()
+    info: dict[str, Any] = {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(),
+                            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                            "amx": bool({"amx_bf16", "amx_tile"} & flags), "avx512_bf16": "avx512_bf16" in flags,
+                            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    return info
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    yes = {True: "yes", False: "no"}
+    gpu = f", GPU {info['gpu']}" if info["gpu"] else ""
+    return (f"CPU {info['cpu_model']} ({info['logical_cpus']} logical CPUs), torch {info['torch']} with "
+            f"{info['torch_threads']} threads, AMX: {yes[info['amx']]}, AVX512-BF16: {yes[info['avx512_bf16']]}{gpu}")
 
 
 def ratio(num: float, den: float) -> float:
@@ -496,6 +644,69 @@ def results_of(bench: Bench, peaks: dict[str, float]) -> dict[str, Any]:
     return out
 
 
+def levers_of(bench: Bench, peaks: dict[str, float]) -> dict[str, Any]:
+    """The ``--levers`` figures of one pair: each lever's KD step against the default and the plain fp32 loop."""
+    b, plain_fp32 = bench.batch, bench.plain_best("fp32")
+    default = next(a for a in bench.arms if a.name == "default").best("kd")
+    out: dict[str, Any] = {"teacher": bench.teacher_name, "student": bench.student_name,
+                           "kd_step_gflop": bench.flops / 1e9, "levers": {}, "notes": bench.notes}
+    for arm in bench.arms:
+        kd = arm.best("kd")
+        gflops = bench.flops / kd / 1e9
+        row = {"runs_as": arm.layout, "kd_step_ms": kd * 1e3, "images_per_s": b / kd,
+               "vs_default": ratio(default, kd), "vs_plain_fp32": ratio(plain_fp32, kd), "gflop_per_s": gflops,
+               "percent_of_peak": 100 * ratio(gflops, peaks[arm.precision.name]), "precision": arm.precision.name}
+        if arm.compile:
+            row.update(compiled=arm.compiled, compile_warmup_s=arm.compile_s)
+        if arm.warnings:
+            row["warnings"] = arm.warnings
+        out["levers"][arm.name] = row
+    gflops = bench.flops / plain_fp32 / 1e9
+    out["levers"]["plain fp32 loop"] = {
+        "runs_as": "fp32", "kd_step_ms": plain_fp32 * 1e3, "images_per_s": b / plain_fp32,
+        "vs_default": ratio(default, plain_fp32), "vs_plain_fp32": 1.0, "gflop_per_s": gflops,
+        "percent_of_peak": 100 * ratio(gflops, peaks["fp32"]), "precision": "fp32"}
+    return out
+
+
+def print_levers(res: dict[str, Any], batch: int) -> None:
+    print(f"\n### levers, {res['teacher']} -> {res['student']}: batch {batch}, {res['kd_step_gflop']:.1f} GFLOP per "
+          "KD step; each lever alone on top of the default\n")
+    print("| setting | runs as | KD step ms | img/s | vs default | vs plain fp32 loop | GFLOP/s | % of peak |")
+    print("|---" * 8 + "|")
+    for name, r in res["levers"].items():
+        runs = r["runs_as"] + (" + compile" if "compiled" in r else "")
+        if "compiled" in r and not r["compiled"]:
+            runs += " (eager fallback)"
+        cells = [name, runs, f"{r['kd_step_ms']:.1f}", f"{r['images_per_s']:.0f}", f"{r['vs_default']:.3f}",
+                 f"{r['vs_plain_fp32']:.2f}", f"{r['gflop_per_s']:.1f}", f"{r['percent_of_peak']:.1f}"]
+        print("| " + " | ".join(cells) + " |")
+    for name, r in res["levers"].items():
+        if "compile_warmup_s" in r:
+            print(f"{name}: the compiling warm-up epoch ({WARMUP} steps) took {r['compile_warmup_s']:.1f} s")
+        for warning in r.get("warnings", []):
+            print(f"note: {name}: {warning}")
+    for note in res["notes"]:
+        print(f"note: {note}")
+
+
+def print_lever_targets(res: dict[str, Any]) -> None:
+    """The issue's targets for the default setting (meant for a machine with AMX): >= 35% of its precision's matmul
+    peak and >= 3.5x the plain fp32 loop."""
+    default = res["levers"]["default"]
+    res["targets"] = [
+        {"what": f"default setting: % of the {default['precision']} matmul peak", "target": f">= {TARGET_PEAK_AMX}",
+         "measured": default["percent_of_peak"], "verdict": verdict(default["percent_of_peak"], TARGET_PEAK_AMX, True)},
+        {"what": "default setting vs the plain fp32 loop (img/s ratio)", "target": f">= {TARGET_SPEEDUP_AMX}",
+         "measured": default["vs_plain_fp32"], "verdict": verdict(default["vs_plain_fp32"], TARGET_SPEEDUP_AMX, True)},
+    ]
+    amx = "amx_bf16" in cpu_flags()
+    for t in res["targets"]:
+        if not amx:  # recorded, but the targets are the AMX machine's: no verdict here
+            t["verdict"] = "n/a (no AMX here)"
+        print(f"target (AMX machines): {t['what']} {t['target']}: measured {t['measured']:.3f} -> {t['verdict']}")
+
+
 def print_pair(res: dict[str, Any], batch: int, cuda: bool) -> None:
     print(f"\n### {res['teacher']} -> {res['student']}: batch {batch}, {res['kd_step_gflop']:.1f} GFLOP per KD step "
           f"(student forward + backward, teacher forward)\n")
@@ -544,9 +755,15 @@ def main() -> None:
                     help="side of the square matmul measuring the peak (default: 2048 on CPU, 4096 on CUDA)")
     ap.add_argument("--sync-steps", type=int, default=4, help="steps S of the host-sync count (e); 0 skips it")
     ap.add_argument("--json", type=Path, help="also write every figure and the settings to this JSON file")
+    ap.add_argument("--levers", action="store_true",
+                    help="measure each lever alone against the default (folded teacher, optimiser kernels, compile) "
+                         "and the plain fp32 loop, KD step only, instead of the settings")
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile the default KD step (torch.profiler): top ops and the data share of a step")
+    ap.add_argument("--profile-rows", type=int, default=20, help="ops in the --profile table (default 20)")
     args = ap.parse_args()
-    if args.steps < 1 or args.rounds < 1 or args.batch < 1 or args.sync_steps < 0:
-        ap.error("--steps, --rounds and --batch must be >= 1, --sync-steps >= 0")
+    if args.steps < 1 or args.rounds < 1 or args.batch < 1 or args.sync_steps < 0 or args.profile_rows < 1:
+        ap.error("--steps, --rounds, --batch and --profile-rows must be >= 1, --sync-steps >= 0")
     names = [p.strip() for p in args.pairs.split(",") if p.strip()]
     unknown = [p for p in names if p not in PAIRS]
     if unknown or not names:
@@ -563,7 +780,9 @@ def main() -> None:
         arms0 = benches[0].arms
         precisions = list(dict.fromkeys(["fp32", *(a.precision.name for a in arms0)]))
         flags = sorted(set(FLAGS) & cpu_flags())
-        header = {"device": str(device), "device_name": device_name(device), "torch": torch.__version__,
+        table = LEVERS if args.levers else SETTINGS
+        header = {"machine": machine(), "mode": "levers" if args.levers else "settings",
+                  "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "cpu_flags": flags, "fast_bf16": fast_bf16(device),
                   "batch": args.batch, "steps": args.steps, "warmup_steps": WARMUP, "rounds": args.rounds,
                   "peak_matmul_size": peak_size,
@@ -571,18 +790,19 @@ def main() -> None:
                           "(the plain loop: the same zero-padded crop + flip per sample)",
                   "objective": "0.1 CE + 0.9 Hinton KD (T=4)",
                   "teacher": "FrozenTeacher, fp32 weights under the step's autocast",
-                  "settings": {a.name: {"loop": SETTINGS[a.name], "precision": a.precision.name,
+                  "settings": {a.name: {"loop": table[a.name], "precision": a.precision.name,
                                         "channels_last": a.nhwc, "compile": a.compile} for a in arms0}}
         if device.type == "cuda":  # fp32 matmuls and convolutions may run in TF32 (then % of the fp32 peak > 100)
             header["tf32"] = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
                               "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32}
+        print(machine_line(header["machine"]))
         print(f"device {device} ({header['device_name']}), torch {torch.__version__}, {header['threads']} threads, "
               f"CPU flags: {' '.join(flags) or 'none of ' + ' '.join(FLAGS)}, fast bf16: {header['fast_bf16']}")
         print(f"batch {args.batch}, median over {args.steps} steps after {WARMUP} warm-up steps, best of "
               f"{args.rounds} interleaved round(s); {header['data']}; {header['objective']}; teacher: "
               f"{header['teacher']}")
         for a in arms0:
-            loop = ", ".join(f"{k}={v}" for k, v in SETTINGS[a.name].items()) or "LoopConfig defaults"
+            loop = ", ".join(f"{k}={v}" for k, v in table[a.name].items()) or "LoopConfig defaults"
             print(f"setting {a.name}: {loop} -> runs {a.layout}{' + torch.compile' if a.compile else ''}")
         if "tf32" in header:
             print(f"fp32 matmul precision {header['tf32']['float32_matmul_precision']} (high: TF32), cuDNN TF32 "
@@ -603,14 +823,26 @@ def main() -> None:
         header["peak_gflop_per_s"] = peaks
         print(f"matmul peak ({peak_size}x{peak_size}, median of 5, best of {args.rounds}): "
               + ", ".join(f"{p} {v:.1f} GFLOP/s" for p, v in peaks.items()))
-        print("x plain fp32 / x plain same: img/s over the plain PyTorch loop's at fp32 / at the setting's precision "
-              "and layout; KD / (no-KD + teacher) and cached KD / no-KD: step-time ratios")
-        results = [results_of(bench, peaks) for bench in benches]
-        for res in results:
-            print_pair(res, args.batch, device.type == "cuda")
+        if not args.levers:
+            print("x plain fp32 / x plain same: img/s over the plain PyTorch loop's at fp32 / at the setting's "
+                  "precision and layout; KD / (no-KD + teacher) and cached KD / no-KD: step-time ratios")
+        if args.levers:
+            results = [levers_of(bench, peaks) for bench in benches]
+            for res in results:
+                print_levers(res, args.batch)
+                print_lever_targets(res)
+        else:
+            results = [results_of(bench, peaks) for bench in benches]
+            for res in results:
+                print_pair(res, args.batch, device.type == "cuda")
+        prof = None
+        if args.profile:
+            progress("profiling the default KD step", t0)
+            prof = profile_default(benches[0], args.profile_rows)
+            print_profile(prof)
 
         syncs = None
-        if args.sync_steps:
+        if args.sync_steps and not args.levers:
             per_step, kinds = host_syncs(benches[0], args.sync_steps)
             syncs = {"per_step": per_step, "by_kind": kinds}
             print(f"\n(e) CRD + KD step through the engine ({benches[0].teacher_name} -> {benches[0].student_name}, "
@@ -620,8 +852,8 @@ def main() -> None:
         print(f"\ntotal {header['total_s']:.0f} s (set-up, compilation and every measurement)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"header": header, "pairs": results, "host_syncs": syncs}, indent=2,
-                                        default=str) + "\n")
+        record = {"header": header, "pairs": results, "host_syncs": syncs, "profile": prof}
+        args.json.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":

@@ -139,6 +139,8 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "optim.betas='fast' is not allowed: expected a list of a number"),
     ("teacher-betas", ["distill", "{cfg}", "teacher.optim.betas=[0.9, 2]"], {"cfg.yaml": TINY}, {},
      "teacher.optim.betas=[0.9, 2.0] is not allowed"),
+    ("teacher-inference-bogus", ["distill", "{cfg}", "teacher.inference=bogus"], {"cfg.yaml": TINY}, {},
+     "teacher.inference='bogus' is not allowed; choose one of: auto, fold, plain"),
     ("gamma-zero", ["train", "{cfg}", "optim.gamma=0"], {"cfg.yaml": TINY}, {}, "optim.gamma=0.0 is out of range"),
     ("milestone-not-int", ["train", "{cfg}", "optim.milestones=[1.5]"], {"cfg.yaml": TINY}, {},
      "optim.milestones[0]=1.5 is not allowed: expected an integer"),
@@ -154,7 +156,7 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
     ("channels-last-word", ["train", "{cfg}", "train.channels_last=nhwc"], {"cfg.yaml": TINY}, {},
      "train.channels_last='nhwc' is not allowed: expected true/false or one of 'auto'"),
     ("compile-word", ["train", "{cfg}", "train.compile=maybe"], {"cfg.yaml": TINY}, {},
-     "train.compile='maybe' is not allowed: expected true/false"),
+     "train.compile='maybe' is not allowed: expected true/false or one of 'auto'"),
     ("sync-batchnorm-number", ["train", "{cfg}", "train.sync_batchnorm=2"], {"cfg.yaml": TINY}, {},
      "train.sync_batchnorm=2 is not allowed: expected true/false"),
     # --- plugins
@@ -316,7 +318,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 128 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 129 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

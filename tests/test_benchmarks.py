@@ -65,6 +65,45 @@ def test_throughput_small_models(tmp_path):
     assert math.isfinite(record["host_syncs"]["per_step"])
 
 
+def test_throughput_levers_and_profile(tmp_path):
+    """--levers on a tiny pair: the machine line, one row per lever (the folded teacher, the optimiser kernels that
+    are not the default; compile is skipped, its warm-up takes a minute) and the plain fp32 loop with finite ratios,
+    the AMX targets; --profile: the per-op table and the data share of a step, all in the JSON record (no timing is
+    asserted)."""
+    import math
+
+    out = run("throughput.py", "--levers", "--profile", "--profile-rows", "5", "--steps", "1", "--batch", "8",
+              "--student", "resnet8", "--teacher", "resnet8", "--rounds", "1", "--peak-size", "128", "--no-compile",
+              "--json", str(tmp_path / "l.json"), cwd=tmp_path)
+    machine = out.splitlines()[0]
+    assert machine.startswith("CPU ") and "logical CPUs" in machine
+    assert "AMX: " in machine and "AVX512-BF16: " in machine
+    lines = [line for line in out.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["setting", "runs as", "KD step ms", "img/s", "vs default", "vs plain fp32 loop", "GFLOP/s",
+                      "% of peak"]
+    rows = {cells[0]: dict(zip(header, cells, strict=True))
+            for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    levers = ["default", "folded_teacher", "optim_loop", "optim_fused", "plain fp32 loop"]
+    assert list(rows) == levers
+    assert float(rows["default"]["vs default"]) == 1.0 and float(rows["plain fp32 loop"]["vs plain fp32 loop"]) == 1.0
+    for name in levers:
+        for column in header[2:]:
+            assert math.isfinite(float(rows[name][column])) and float(rows[name][column]) > 0, (name, column)
+    targets = [line for line in out.splitlines() if line.startswith("target (AMX machines): ")]
+    assert len(targets) == 2 and ">= 35.0" in targets[0] and ">= 3.5" in targets[1]
+    assert "### profile: resnet8 -> resnet8, default setting" in out and "Self CPU" in out
+    assert "data (batch gather + on-device augmentation" in out and "% of the step" in out
+    record = json.loads((tmp_path / "l.json").read_text())
+    assert record["header"]["mode"] == "levers" and set(record["header"]["machine"]) >= {
+        "cpu_model", "logical_cpus", "torch", "torch_threads", "amx", "avx512_bf16", "gpu"}
+    (pair,) = record["pairs"]
+    assert list(pair["levers"]) == levers and pair["kd_step_gflop"] > 0
+    prof = record["profile"]
+    assert len(prof["top_ops"]) == 5 and prof["steps"] == 4 and 0 < prof["data_percent_of_step"] < 100
+    assert all(op["self_cpu_ms_per_step"] >= 0 for op in prof["top_ops"])
+
+
 def test_prokd_study_quick(tmp_path):
     out = run("prokd_study.py", "--quick", "--out", str(tmp_path / "p"), cwd=tmp_path)
     assert "| Pro-KD |" in out and "| Annealing-KD |" in out
@@ -246,6 +285,17 @@ def test_precision_study_small(tmp_path):
     results = json.loads((tmp_path / "p" / "results.json").read_text())
     assert [s["seed"] for s in results["results"]["fp32"]["students"]] == [0, 1]
     assert all(s["precision"] == "fp32" for s in results["results"]["fp32"]["students"])
+
+
+def test_levers_study_small(tmp_path):
+    out = run("levers_study.py", "--seeds", "2", "--teacher-epochs", "1", "--student-epochs", "1", "--limit", "128",
+              "--out", str(tmp_path / "l"), cwd=tmp_path)
+    assert "| before | teacher.inference=plain, optim.implementation=loop |" in out
+    assert "Paired difference levers - before:" in out
+    results = json.loads((tmp_path / "l" / "results.json").read_text())
+    assert [s["seed"] for s in results["levers"]] == [0, 1]
+    assert results["levers"][0]["teacher_inference"]["mode"] == "fold"
+    assert results["before"][0]["teacher_inference"] == {"mode": "plain"}
 
 
 def test_ddp_scaling_one_and_two_processes(tmp_path):

@@ -107,6 +107,11 @@ class TeacherConfig(Options):
     #: distribution); the student then distils from that top-k distribution renormalised -- a biased estimate
     #: of the full one, stated in the run summary
     cache_topk: int = option(0, ge=0)
+    #: the frozen teacher as an inference model: ``fold`` folds its BatchNorms into the convolutions before them,
+    #: stores its weights in the run's compute dtype and runs it under torch.inference_mode; ``plain`` runs it as
+    #: trained (under the step's autocast); ``auto`` picks (teachkit.recipes.teacher.resolve_teacher_inference).
+    #: Not resumable: folding changes outputs at float rounding
+    inference: Literal["auto", "fold", "plain"] = "auto"
     resumable = frozenset({"cache"})
 
     def validate(self) -> None:

@@ -11,6 +11,7 @@ same code runs single-process unchanged.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -86,6 +87,29 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     out = _on_backend(t.clone())
     dist.all_reduce(out)
     return out.to(t.device)
+
+
+class PendingSum:
+    """A sum over the processes in flight (:func:`all_reduce_sum_async`); :meth:`wait` returns it."""
+
+    def __init__(self, buffer: Tensor, work: Any, device: torch.device) -> None:
+        self.buffer, self.work, self.device = buffer, work, device
+
+    def wait(self) -> Tensor:
+        """Block until the sum is done; it, on the device of the tensor that was summed."""
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.buffer.to(self.device)
+
+
+def all_reduce_sum_async(t: Tensor) -> PendingSum:
+    """Start summing ``t`` over all processes, in place (``async_op``), and return at once. Collectives pair up in
+    the order the processes issue them, so every process must start its sums in the same order."""
+    if not active():
+        return PendingSum(t, None, t.device)
+    buffer = _on_backend(t)
+    return PendingSum(buffer, dist.all_reduce(buffer, async_op=True), t.device)
 
 
 def broadcast_(t: Tensor, src: int = 0) -> None:

@@ -58,7 +58,7 @@ def two_runs(tmp_path_factory):
     cfg = tiny_config(tmp, data={"batch_size": 32, "options": {"shape": [1, 8, 8], "num_classes": 4,
                                                                  "n_train": 256, "n_test": 80}},
                       train={"epochs": 2, "progress": False, "precision": "fp32"},
-                      kd={"method": "kd"})
+                      kd={"method": "kd"}, teacher={"cache": "off"})  # the teacher runs on every batch
     path = tmp / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = {}
@@ -88,6 +88,12 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(two_run
     assert [r["epoch"] for r in m2] == [1, 2]  # rank 0 alone wrote the log: one line per epoch
     for r1, r2 in zip(m1, m2, strict=True):
         assert r2["train"]["loss"] == pytest.approx(r1["train"]["loss"], rel=1e-5)
+        for split in ("val", "test"):  # each process evaluated half of each split; the gathered outputs scored
+            assert r2[split]["acc"] == pytest.approx(r1[split]["acc"], abs=1e-9)
+            assert r2[split]["loss"] == pytest.approx(r1[split]["loss"], rel=1e-4)
+    # teacher forwards over both processes (each ran the teacher on its half of every batch)
+    assert s1["cost"]["teacher_forward_images"] == 2 * 230  # 2 epochs x 230 training rows (256 less val)
+    assert s2["cost"]["teacher_forward_images"] == s1["cost"]["teacher_forward_images"]
 
 
 def test_every_process_random_stream_is_checkpointed(two_runs):

@@ -10,7 +10,7 @@ from torch import nn
 
 from teachkit.data.base import TensorSplit
 from teachkit.engine import EVALUATORS, ClassificationEvaluator
-from teachkit.engine.evaluate import metrics_from_logits
+from teachkit.engine.evaluate import metrics_from_logits, predict
 from teachkit.types import Batch, Evaluator
 
 
@@ -72,3 +72,31 @@ def test_registry_and_default_directions():
     base = Evaluator()
     assert [base.direction(m) for m in ("acc", "f1", "bleu", "loss", "val_loss", "error", "rmse")] == \
         ["max", "max", "max", "min", "min", "min", "min"]
+
+
+@pytest.mark.parametrize(("rows", "world"), [(10, 3), (2, 3), (7, 2)])
+def test_each_process_predicts_its_shard_and_the_gathered_metrics_equal_one_process(monkeypatch, rows, world):
+    """``world`` processes simulated one after the other: each model call sees only the process's shard, and the
+    gather (every process's rows in rank order) scores exactly as one process does."""
+    from teachkit import distributed
+
+    logits, y = torch.randn(rows, 4), torch.randint(0, 4, (rows,))
+    split = TensorSplit(torch.arange(float(rows))[:, None], y)
+    one = ClassificationEvaluator({"val": split}, num_classes=4, batch_size=2).evaluate(Fixed(logits))
+    model = Fixed(logits)
+    seen: list[int] = []
+    model.register_forward_hook(lambda m, args, out: seen.extend(args[0][:, 0].long().tolist()))
+    shards: dict[int, torch.Tensor] = {}
+    monkeypatch.setattr(distributed, "world_size", lambda: world)
+    for rank in range(world):  # first pass: what each process predicts for itself
+        monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
+        monkeypatch.setattr(distributed, "all_gather_cat", lambda t, rank=rank: shards.setdefault(rank, t))
+        seen.clear()
+        predict(model, split, batch_size=2)
+        start, stop = distributed.shard_bounds(rows, world, rank)
+        assert seen == list(range(start, stop)) or (start == stop and len(seen) == 1)  # an empty shard: a shape probe
+        assert shards[rank].shape == (stop - start, 4)
+    monkeypatch.setattr(distributed, "all_gather_cat", lambda t: torch.cat([shards[r] for r in range(world)]))
+    for rank in range(world):  # second pass: the gathered outputs, scored on every process
+        monkeypatch.setattr(distributed, "rank", lambda rank=rank: rank)
+        assert ClassificationEvaluator({"val": split}, num_classes=4, batch_size=2).evaluate(model) == one

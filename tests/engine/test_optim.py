@@ -56,3 +56,113 @@ def test_dot_with_fp16_is_refused_when_the_config_loads(key):
     with pytest.raises(ConfigError, match=f"^{key}.name=dot keeps the task and distillation gradients apart"):
         from_dict(data)
     from_dict({**data, "train": {"precision": "bf16"}})  # fine otherwise
+
+
+def resnet_like():
+    """A small conv net with BatchNorm (weights, biases, affine parameters: tensors of several shapes)."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 5))
+
+
+def run_steps(fields, implementation, steps=4):
+    """``steps`` optimiser steps of ``fields`` with ``implementation`` on fixed gradients; final weights and state."""
+    model = resnet_like()
+    params = list(model.parameters())
+    opt = build_optimizer(params, from_mapping(OptimConfig, {**fields, "implementation": implementation}, "optim"))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    return [p.detach() for p in params], state, opt
+
+
+def reference_sgd(fields, steps=4):
+    """SGD with momentum, weight decay and Nesterov written out (Sutskever et al. 2013; PyTorch's form:
+    g += wd p; b = mu b + g (b = g at the first step); d = g + mu b (Nesterov) or b; p -= lr d)."""
+    model = resnet_like()
+    params = [p.detach().clone() for p in model.parameters()]
+    lr, mu, wd, nesterov = fields["lr"], fields["momentum"], fields["weight_decay"], fields.get("nesterov", False)
+    bufs = [None] * len(params)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for i, p in enumerate(params):
+            g = torch.randn(p.shape, generator=gen) + wd * p
+            bufs[i] = g.clone() if bufs[i] is None else mu * bufs[i] + g
+            p -= lr * (g + mu * bufs[i] if nesterov else bufs[i])
+    return params
+
+
+SGD = {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}
+CASES = [SGD, {**SGD, "nesterov": True}, {"name": "adamw", "lr": 1e-2, "weight_decay": 0.05}]
+
+
+@pytest.mark.parametrize("fields", CASES, ids=["sgd", "nesterov", "adamw"])
+def test_auto_runs_foreach_bit_identical_to_the_loop(fields):
+    """``auto`` builds the multi-tensor (foreach) kernels, whose weights and state after 4 steps equal the
+    per-parameter loop's bit for bit (so switching changed no run's numbers)."""
+    auto_w, auto_s, opt = run_steps(fields, "auto")
+    loop_w, loop_s, loop_opt = run_steps(fields, "loop")
+    assert opt.param_groups[0]["foreach"] is True and loop_opt.param_groups[0]["foreach"] is False
+    assert all(torch.equal(a, b) for a, b in zip(auto_w + auto_s, loop_w + loop_s, strict=True))
+
+
+@pytest.mark.parametrize("fields", CASES[:2], ids=["sgd", "nesterov"])
+def test_every_implementation_follows_the_sgd_update(fields):
+    """loop, foreach and fused SGD all match the update written out (fused within float rounding)."""
+    expected = reference_sgd(fields)
+    for implementation in ("loop", "foreach", "fused"):
+        weights, _, _ = run_steps(fields, implementation)
+        for w, e in zip(weights, expected, strict=True):
+            torch.testing.assert_close(w, e, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("fields", CASES, ids=["sgd", "nesterov", "adamw"])
+def test_fused_builds_or_falls_back_to_foreach_with_a_warning(fields, recwarn):
+    weights, state, opt = run_steps(fields, "fused")
+    loop_w, loop_s, _ = run_steps(fields, "loop")
+    group = opt.param_groups[0]
+    if group.get("fused"):
+        for a, b in zip(weights + state, loop_w + loop_s, strict=True):  # float rounding apart, the same update
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    else:
+        assert group["foreach"] is True
+        assert any("optim.implementation=fused is not available here" in str(w.message) for w in recwarn)
+
+
+def test_the_state_is_the_same_in_every_implementation_and_resume_keeps_this_runs_kernels():
+    """The optimiser state (keys, shapes) does not depend on the implementation, and loading a checkpoint's state
+    keeps the implementation the loading run was built with (the saving run's flags are not adopted)."""
+    from teachkit.engine.checkpoint import optimizer_from_flat, optimizer_to_flat
+
+    _, _, saved = run_steps(SGD, "foreach")
+    tensors, structure = optimizer_to_flat(saved)
+    _, _, loop_opt = run_steps(SGD, "loop", steps=1)
+    assert sorted(optimizer_to_flat(loop_opt)[0]) == sorted(tensors)
+    optimizer_from_flat(loop_opt, tensors, structure)
+    assert loop_opt.param_groups[0]["foreach"] is False
+    for i, param in enumerate(loop_opt.param_groups[0]["params"]):
+        assert torch.equal(loop_opt.state[param]["momentum_buffer"], tensors[f"optim/{i}/momentum_buffer"])
+
+
+def test_unknown_implementation_is_a_one_line_error():
+    with pytest.raises(ConfigError) as e:
+        from_mapping(OptimConfig, {"implementation": "simd"}, "optim")
+    assert "optim.implementation='simd' is not allowed" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_torch_without_fused_kernels_runs_foreach_with_a_warning(monkeypatch):
+    real = torch.optim.SGD
+
+    class OldSGD(real):  # torch 2.2's SGD: no ``fused`` argument
+        def __init__(self, params, fused=None, **kwargs):
+            if fused is not None:
+                raise TypeError("SGD.__init__() got an unexpected keyword argument 'fused'")
+            super().__init__(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "SGD", OldSGD)
+    with pytest.warns(UserWarning, match=r"^optim.implementation=fused is not available here \(SGD.__init__\(\) got"):
+        opt = build_optimizer(params(), from_mapping(OptimConfig, {"implementation": "fused"}, "optim"))
+    assert type(opt) is OldSGD and opt.param_groups[0]["foreach"] is True

@@ -136,3 +136,44 @@ def test_a_model_that_fails_to_compile_runs_eagerly_with_a_warning(tiny, monkeyp
                for w in fallen.summary["warnings"])
     for a, b in zip(eager.model.state_dict().values(), fallen.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)  # the failed first step left nothing behind
+
+
+CONV = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+MLP = nn.Sequential(nn.Linear(4, 4))
+RECURRENT_CONV = nn.ModuleList([nn.Conv2d(3, 4, 3), nn.LSTM(4, 4)])
+MIN = precision_module.COMPILE_AUTO_MIN_STEPS
+
+
+@pytest.mark.parametrize(("setting", "device", "model", "steps", "expected"), [
+    (True, "cpu", MLP, 1, True),  # true / false are taken as given
+    (False, "cpu", CONV, 10**6, False),
+    ("auto", "cpu", CONV, MIN, True),  # a CPU conv net over a run long enough to pay back the compile time
+    ("auto", "cpu", CONV, MIN - 1, False),  # a short run does not
+    ("auto", "cpu", MLP, 10**6, False),  # not measured: not a conv net
+    ("auto", "cpu", RECURRENT_CONV, 10**6, False),
+    ("auto", "cuda", CONV, 10**6, False),  # not measured on a GPU
+])
+def test_compile_auto_is_on_where_it_was_measured_to_pay_back(setting, device, model, steps, expected):
+    assert precision_module.resolve_compile(setting, torch.device(device), model, steps) is expected
+
+
+def test_the_trainer_resolves_compile_auto_over_the_runs_planned_steps(tiny, monkeypatch):
+    """``train.compile=auto`` reaches the rule with the run's device, student and epochs x batches per epoch; a
+    run it resolves off for trains exactly as ``false`` (bit-identical weights, nothing compiled)."""
+    from teachkit.engine import trainer as trainer_module
+
+    calls = []
+
+    def recording(setting, device, model, steps_planned):
+        calls.append((setting, device.type, type(model).__name__, steps_planned))
+        return precision_module.resolve_compile(setting, device, model, steps_planned)
+
+    monkeypatch.setattr(trainer_module, "resolve_compile", recording)
+    auto = train_model(tiny(name="auto", train={"epochs": 3, "progress": False, "compile": "auto"}))
+    off = train_model(tiny(name="off", train={"epochs": 3, "progress": False, "compile": False}))
+    default = train_model(tiny(name="default", train={"epochs": 1, "progress": False}))
+    assert calls[2][0] == "auto" and default.summary["compiled"] == []  # the default is auto
+    assert calls[0] == ("auto", "cpu", "MLP", 3 * 7)  # 240 samples - 10% val = 216 = 6 x 32 + 24: 7 batches
+    assert auto.summary["compiled"] == [] and calls[1][0] is False
+    for a, b in zip(auto.model.state_dict().values(), off.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)

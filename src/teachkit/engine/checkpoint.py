@@ -357,7 +357,11 @@ def optimizer_from_flat(opt: torch.optim.Optimizer, tensors: dict[str, Tensor], 
     state = {}
     for idx, entry in structure["state"].items():
         state[int(idx)] = {k: (tensors[f"optim/{idx}/{k}"] if v == "<tensor>" else v) for k, v in entry.items()}
+    # the kernels (foreach, fused) stay this run's optim.implementation, not the saving run's: same state either way
+    kernels = [{k: g[k] for k in ("foreach", "fused") if k in g} for g in opt.param_groups]
     opt.load_state_dict({"state": state, "param_groups": structure["param_groups"]})
+    for group, kept in zip(opt.param_groups, kernels, strict=False):
+        group.update(kept)
 
 
 class Trajectory:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from teachkit import distributed
 from teachkit.data.base import Splits, TensorSplit
 from teachkit.registry import Registry
 from teachkit.types import Batch, Evaluator
@@ -24,12 +25,21 @@ EVALUATORS: Registry[EvaluatorFactory] = Registry("evaluator")
 
 @torch.no_grad()
 def predict(model: nn.Module, split: TensorSplit, batch_size: int = 1000) -> Tensor:
-    """Logits of ``model`` (in eval mode) for every sample of ``split``, in order."""
+    """Logits of ``model`` (in eval mode) for every sample of ``split``, in order.
+
+    Under ``torchrun`` every process must call it: each predicts its contiguous 1/world of the rows
+    (:func:`~teachkit.distributed.shard_bounds`) and every process gets all of them back, gathered in rank order."""
+    start, stop = distributed.shard_bounds(len(split), distributed.world_size(), distributed.rank())
     was_training = model.training
     model.eval()
-    outs = [model(split.x[i:i + batch_size]).float() for i in range(0, len(split), batch_size)]
-    model.train(was_training)
-    return torch.cat(outs) if outs else torch.empty(0)
+    try:
+        outs = [model(split.x[i:min(i + batch_size, stop)]).float() for i in range(start, stop, batch_size)]
+        if not outs and len(split) and distributed.world_size() > 1:  # fewer rows than processes: none here
+            outs = [model(split.x[:1]).float()[:0]]  # the gather needs the output's shape
+    finally:
+        model.train(was_training)
+    local = torch.cat(outs) if outs else torch.empty(0)
+    return distributed.all_gather_cat(local) if len(split) else local
 
 
 def metrics_from_logits(logits: Tensor, y: Tensor, omitted: tuple[int, ...] = ()) -> dict[str, float]:

@@ -10,7 +10,8 @@
   precision is bf16/fp16, where oneDNN and cuDNN run NHWC convolutions faster (a no-op for models without
   4-D weights); ``true`` / ``false`` force it.
 - ``train.compile``: ``torch.compile`` of the student and the frozen teacher (their ``forward``; weights and
-  checkpoints are unchanged). A model that fails to compile runs eagerly, with a warning naming it.
+  checkpoints are unchanged). A model that fails to compile runs eagerly, with a warning naming it. ``auto``
+  compiles where it was measured to pay back its compile time (:func:`resolve_compile`).
 """
 
 from __future__ import annotations
@@ -107,6 +108,24 @@ def resolve_channels_last(setting: bool | str, precision: Precision) -> bool:
     if setting == "auto":
         return precision.dtype is not None
     return bool(setting)
+
+
+#: ``train.compile=auto`` compiles a CPU conv-net run of at least this many optimiser steps. Measured (1 thread,
+#: 2-core AMD EPYC without AVX512-BF16, fp32, batch 128, ResNet-56 -> ResNet-20 KD): compiling the student's
+#: training step and the teacher's forward took ~91 s and the step went from ~1.87 s to ~1.38 s, so it paid back
+#: after ~190 steps; the margin covers the evaluation graph's compile and smaller students' smaller gains.
+COMPILE_AUTO_MIN_STEPS = 2000
+
+
+def resolve_compile(setting: bool | str, device: torch.device, model: nn.Module, steps_planned: int) -> bool:
+    """``train.compile``: ``true`` / ``false`` as given; ``auto`` compiles where it was measured to win over the
+    run: on a CPU, for a convolutional student without recurrent layers (the measured ResNets; fp32 here, bf16 in
+    the throughput table), when the run plans at least :data:`COMPILE_AUTO_MIN_STEPS` steps. Off on CUDA (not
+    measured: ``benchmarks/throughput.py --levers`` measures it) and for every other model."""
+    if setting != "auto":
+        return bool(setting)
+    conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    return device.type == "cpu" and conv and not has_recurrent(model) and steps_planned >= COMPILE_AUTO_MIN_STEPS
 
 
 def compile_errors() -> tuple[type[BaseException], ...]:

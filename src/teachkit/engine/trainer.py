@@ -77,6 +77,7 @@ from teachkit.engine.checkpoint import (
     write_error,
 )
 from teachkit.engine.dot import scaler_conflict
+from teachkit.engine.grad_buckets import GradientBuckets, hooks_available
 from teachkit.engine.optim import OptimConfig, SplitBackward, build_optimizer
 from teachkit.engine.precision import (
     Compiled,
@@ -84,6 +85,7 @@ from teachkit.engine.precision import (
     compile_errors,
     has_recurrent,
     resolve_channels_last,
+    resolve_compile,
     resolve_precision,
 )
 from teachkit.engine.runlog import RunLog
@@ -107,8 +109,9 @@ class LoopConfig(Options):
     precision: PrecisionName = "auto"
     #: auto: on in bf16/fp16 (4-D weights and batches in NHWC layout)
     channels_last: bool | Literal["auto"] = "auto"
-    #: torch.compile the student and the frozen teacher (eager fallback with a warning on failure)
-    compile: bool = False
+    #: torch.compile the student and the frozen teacher (eager fallback with a warning on failure); auto: where it
+    #: was measured to pay back (engine.precision.resolve_compile)
+    compile: bool | Literal["auto"] = "auto"
     save_every: int = option(0, ge=0)
     tensorboard: bool = False
     progress: bool = True
@@ -398,7 +401,7 @@ class Trainer:
                 self.modules[name] = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.modules[name])
             self.model = next(iter(self.modules.values()))
         self.compiled = Compiled()
-        if loop.compile:
+        if resolve_compile(loop.compile, self.device, self.model, loop.epochs * len(self.batches)):
             self.compiled.add(next(iter(self.modules)), self.model)
             for name, module in self.frozen.items():
                 self.compiled.add(name, module)
@@ -409,6 +412,10 @@ class Trainer:
         self.params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, self.optim_cfg)
         self._check_split_backward()
+        #: several processes: the gradient average overlapped with the backward, bucket by bucket (None: one
+        #: process, or the fallback of one all-reduce after the backward)
+        self.buckets = (GradientBuckets(self.params, self.world) if self.world > 1 and hooks_available()
+                        and not isinstance(self.optimizer, SplitBackward) else None)
 
     def _choose_selection(self) -> None:
         """The validation metric that selects the best checkpoint, and whether it is maximised."""
@@ -676,7 +683,9 @@ class Trainer:
         step_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         terms: dict[str, Tensor] | None = {} if want_terms else None
         host = None
-        for chunk in chunks:
+        if self.buckets is not None:
+            self.buckets.reset()
+        for i, chunk in enumerate(chunks):
             out, loss, stats = self._forward_chunk(chunk, progress, sums)
             if terms is not None:  # the step's sample-weighted sums, on the device (StepInfo)
                 for k, v in stats.items():
@@ -688,8 +697,12 @@ class Trainer:
             # chunks weigh by their share of the global batch's loss items; with several processes the
             # gradient average over processes (x 1/world) is undone by the factor world
             factor = None if len(chunks) == 1 and self.world == 1 else chunk.items * self.world / batch.items
+            if self.buckets is not None and i == len(chunks) - 1:  # earlier chunks only accumulate
+                self.buckets.arm()
             self._backward(out.terms, loss, factor)
         if self.world > 1:
+            if self.buckets is not None:  # the buckets the backward left start before the guard's all-reduce
+                self.buckets.flush()
             host = self._guard_processes(step_loss, sums, show, progress)
             self._average_gradients()
         self._apply_gradients()
@@ -830,9 +843,13 @@ class Trainer:
         return out
 
     def _average_gradients(self) -> None:
-        """Average the trainable parameters' gradients over the processes (one all-reduce per dtype and device,
-        as DistributedDataParallel's buckets do, after the backward); a parameter no process gave a gradient
-        keeps none, so the optimiser skips it as it would in one process."""
+        """Average the trainable parameters' gradients over the processes: wait for the buckets the backward
+        started (:mod:`teachkit.engine.grad_buckets`), or, as a fallback, one all-reduce per dtype and device after
+        the backward; a parameter no process gave a gradient keeps none, so the optimiser skips it as it would in
+        one process."""
+        if self.buckets is not None:
+            self.buckets.wait()
+            return
         groups: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
         for p in self.params:
             groups.setdefault((p.dtype, p.device), []).append(p)
@@ -973,6 +990,9 @@ class Trainer:
         if self.main:
             self.log.summary(summary)
         self.log.close()
+        if self.buckets is not None:
+            self.buckets.remove()
+            self.buckets = None
         distributed.barrier()
         for cb in self.callbacks:
             cb.on_train_end(self, summary)

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from teachkit.data.text import tokenisation
+from teachkit.models.inference import map_tensors
 from teachkit.types import Inputs, call_model
 
 
@@ -24,11 +25,23 @@ class FrozenTeacher(nn.Module):
     Its forward runs under ``torch.no_grad`` and takes a tensor or a mapping of named inputs. After
     :meth:`renormalise`, tensor inputs normalised with the student's per-channel statistics (channel = dim 1)
     are re-expressed in the teacher's: ``x_t = (x * std_s + mean_s - mean_t) / std_t``.
+
+    With ``inference=True`` (``teacher.inference=fold``: ``module`` comes from
+    :func:`teachkit.models.inference.inference_teacher`) the forward runs under ``torch.inference_mode``, floating
+    inputs are cast to the weights' dtype, and :meth:`release_inference_outputs` turns its outputs (and the taps
+    ``Tapped`` recorded) into normal tensors a loss can save for backward: cloned, and back in float32 when a
+    bf16/fp16 teacher is called outside autocast (beam search, evaluators), as the fp32 teacher would return them.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, inference: bool = False) -> None:
         super().__init__()
         self.module = module.eval()
+        #: runs as an inference model (see the class docstring)
+        self.inference = bool(inference)
+        #: the weights' floating dtype when it is not float32 (bf16/fp16 weights), else None
+        self.compute_dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+        if self.compute_dtype in (torch.float32, torch.float64):
+            self.compute_dtype = None
         for p in self.module.parameters():
             p.requires_grad_(False)
         self.register_buffer("in_scale", None, persistent=False)
@@ -67,9 +80,41 @@ class FrozenTeacher(nn.Module):
             x = named
         if isinstance(x, Mapping):
             x = tokenisation(x, "teacher")
+        if self.inference:
+            return self.release_inference_outputs(self._infer(x))
         with torch.no_grad():
-            if self.in_scale is not None and isinstance(x, Tensor) and x.dim() >= 2 \
-                    and x.shape[1] == self.in_scale.numel():
-                shape = (1, -1) + (1,) * (x.dim() - 2)
-                x = x * self.in_scale.view(shape).to(x.dtype) + self.in_shift.view(shape).to(x.dtype)
+            return call_model(self.module, self._renormalised(x))
+
+    def _renormalised(self, x: Inputs) -> Inputs:
+        if self.in_scale is not None and isinstance(x, Tensor) and x.dim() >= 2 \
+                and x.shape[1] == self.in_scale.numel():
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            x = x * self.in_scale.view(shape).to(x.dtype) + self.in_shift.view(shape).to(x.dtype)
+        return x
+
+    def _infer(self, x: Inputs) -> Any:
+        """The forward under ``torch.inference_mode``, floating inputs cast to the weights' dtype."""
+        with torch.inference_mode():
+            x = self._renormalised(x)
+            if self.compute_dtype is not None:
+                x = map_tensors(x, lambda t: t.to(self.compute_dtype) if t.is_floating_point() else t)
             return call_model(self.module, x)
+
+    def release_inference_outputs(self, outputs: Any) -> Any:
+        """``outputs`` of an inference-mode forward as normal tensors (cloned; float32 outside autocast for a
+        bf16/fp16 teacher); unchanged for a teacher that does not run in inference mode."""
+        if not self.inference:
+            return outputs
+        low, device = self.compute_dtype, self.in_device()
+        upcast = low is not None and not torch.is_autocast_enabled(device.type)
+
+        def normal(t: Tensor) -> Tensor:
+            if upcast and t.dtype == low:
+                return t.to(torch.float32)
+            return t.clone() if t.is_inference() else t
+
+        return map_tensors(outputs, normal)
+
+    def in_device(self) -> torch.device:
+        """The device of the teacher's weights (CPU for a model without any)."""
+        return next(self.module.parameters(), torch.empty(0)).device

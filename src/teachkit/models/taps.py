@@ -268,6 +268,9 @@ class Tapped(nn.Module):
             if request is not None:
                 request(set())
             rec, self._records = self._records, {}
+        release = getattr(self.model, "release_inference_outputs", None)  # FrozenTeacher (inference mode)
+        if rec and release is not None:
+            rec = release(rec)
         try:
             logits, fields = split_output(out, self.spec.logits)
         except ConfigError as e:  # name the side, and where its taps are set

@@ -138,7 +138,7 @@ def ban(cfg: RunConfig, resume: bool = False, splits: Splits | None = None, run_
     source = TeacherSource(ctx)
     if not source.given:
         _warn_if_other_architecture(to_plain(cfg.teacher.model), cfg)
-    _, teacher_state = source.frozen()  # trains the teacher into run_dir/teacher (once) when none is given
+    _, teacher_state = source.frozen(inference=False)  # trains it into run_dir/teacher when not given
     if source.given:
         _warn_if_other_architecture(teacher_state.get("model") or {}, cfg)
 

@@ -43,7 +43,13 @@ from teachkit.engine.checkpoint import (
     remove_temporary_files,
     write_hint,
 )
-from teachkit.engine.precision import Precision, has_recurrent, resolve_channels_last, resolve_precision
+from teachkit.engine.precision import (
+    Precision,
+    has_recurrent,
+    resolve_channels_last,
+    resolve_compile,
+    resolve_precision,
+)
 from teachkit.engine.trainer import select_metric
 from teachkit.errors import ConfigError, WriteError
 from teachkit.models import ModelConfig, make_model
@@ -371,6 +377,16 @@ class RunContext:
     def channels_last(self) -> bool:
         """``train.channels_last`` resolved (``auto``: on in bf16/fp16), as the engine resolves it."""
         return resolve_channels_last(self.cfg.train.channels_last, self.precision)
+
+    @property
+    def compiles(self) -> bool:
+        """``train.compile`` resolved for the run's student and device over ``train.epochs`` x its batches per
+        epoch, as the engine resolves it for the trainer's first module (``auto``: where it pays back)."""
+        if self.cfg.train.compile != "auto":
+            return bool(self.cfg.train.compile)
+        with torch.device("meta"):  # the model's layers, without allocating them
+            model = make_model(self.cfg.model, self.splits.input_shape, self.splits.num_classes)
+        return resolve_compile("auto", self.device, model, self.cfg.train.epochs * len(self.batches()))
 
     def trainer(self, modules: nn.Module | Mapping[str, nn.Module], step: StepFn, *, meta: dict[str, Any],
                 callbacks: Sequence[Callback] = (), desc: str | None = None, optim: OptimConfig | None = None,

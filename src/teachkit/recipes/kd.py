@@ -36,7 +36,7 @@ from teachkit.recipes.common import RunResult, folder_wall_time
 from teachkit.recipes.context import RunContext
 from teachkit.recipes.registry import RECIPES
 from teachkit.recipes.teacher import TEACHER_DIR, TeacherSource, declare_teacher_use
-from teachkit.recipes.teacher_cache import TeacherOutputs, run_teacher_outputs
+from teachkit.recipes.teacher_cache import TeacherOutputs, ViewTeacherOutputs, run_teacher_outputs
 from teachkit.types import Progress, StepOutput, TrainingStage
 
 #: a distillation term whose gradient on the student's weights is this many times the label term's is warned about
@@ -185,9 +185,16 @@ def cached_teacher(ctx: RunContext, t_tap: Tapped, objective: DistillObjective) 
 
 
 def teacher_forward_cost(outputs: TeacherOutputs, trainer: Trainer) -> dict[str, int]:
-    """Teacher forwards done this session and saved by the cache (the per-batch forwards it replaced)."""
-    return {"teacher_forward_images": outputs.forwards,
-            "teacher_forwards_saved": outputs.forwards_saved(trainer.samples_seen)}
+    """Teacher forwards done this session and saved by the cache (the per-batch forwards it replaced), over all
+    processes (a collective under torchrun: every process calls it). Each process counts the forwards its own
+    teacher ran (its share of every batch; a cache it filled itself: the whole transfer set) and the view cache
+    the rows it read, so both are summed; the static cache saves every sample the run has seen (already global)."""
+    views = isinstance(outputs, ViewTeacherOutputs)
+    own = torch.tensor([outputs.forwards, outputs.forwards_saved(trainer.samples_seen) if views else 0],
+                       dtype=torch.float64)
+    forwards, reads = (int(v) for v in distributed.all_reduce_sum(own).tolist())
+    return {"teacher_forward_images": forwards,
+            "teacher_forwards_saved": reads if views else outputs.forwards_saved(trainer.samples_seen)}
 
 
 def run_stage(ctx: RunContext, stage: TrainingStage) -> None:
@@ -229,7 +236,7 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
         run_stage(ctx, stage)
 
     outputs = cached_teacher(ctx, t_tap, objective)
-    probe = GradientProbe(student, cfg.kd.methods, steps=0 if cfg.train.compile else PROBE_STEPS)
+    probe = GradientProbe(student, cfg.kd.methods, steps=0 if ctx.compiles else PROBE_STEPS)
 
     def step(batch, progress):
         seen = objective.transform_batch(batch)  # keeps the original samples first
@@ -243,7 +250,8 @@ def distill(cfg: RunConfig, resume: bool = False, splits: Splits | None = None,
 
     meta = ctx.meta("+".join(cfg.kd.methods))
     meta["teacher"] = {"epoch": teacher_state.get("epoch"), "loss": teacher_state.get("loss"),
-                       **{k: v for k, v in teacher_state.items() if k.startswith(("val_", "test_"))}}
+                       **{k: v for k, v in teacher_state.items() if k.startswith(("val_", "test_"))},
+                       "inference": source.inference}
     trainer = ctx.trainer({"model": student, "objective": objective}, step, meta=meta,
                           callbacks=[FirstEpochCheck(probe, objective.weights), *outputs.callbacks()],
                           frozen={"teacher": teacher})

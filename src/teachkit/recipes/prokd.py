@@ -31,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from teachkit import distributed
 from teachkit.config import RunConfig
 from teachkit.data import Splits
 from teachkit.data.raw import is_regression
@@ -283,9 +285,12 @@ def _summary_sections(cfg: RunConfig, plan: list[Stage], teachers: TeacherTrajec
     run's own, every session; an online teacher trains inside it."""
     followed = follower.followed
     phase1 = sum(1 for s in plan if s.kind != "ce")
+    # each process counts its own teacher's forwards and the rows of its share it read from the cache: summed
+    forwards, saved = (int(v) for v in distributed.all_reduce_sum(torch.tensor(
+        [sum(o.forwards for o in followed), follower.saved], dtype=torch.float64)).tolist())
     cost = {"teacher_epochs_trained": teachers.epochs_trained, "teacher_epochs": teachers.total_epochs,
-            "student_epochs": cfg.train.epochs, "teacher_forward_images": sum(o.forwards for o in followed),
-            "teacher_forwards_saved": follower.saved}
+            "student_epochs": cfg.train.epochs, "teacher_forward_images": forwards,
+            "teacher_forwards_saved": saved}
     statuses = [o.status for o in followed]
     cache = {"status": "off", "why": followed[-1].why} if followed and not followed[-1].cached else \
         {s: statuses.count(s) for s in dict.fromkeys(statuses)}

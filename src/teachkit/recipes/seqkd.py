@@ -175,7 +175,7 @@ def sequence_kd(cfg: RunConfig, resume: bool = False, splits: Splits | None = No
         raise ConfigError(f"seqkd distils translations, but dataset {ctx.splits.name!r} has task {ctx.splits.task!r}; "
                           "use teachkit distill (kd.method=kd) for other tasks")
     source = TeacherSource(ctx)
-    teacher, teacher_state = source.frozen()
+    teacher, teacher_state = source.frozen(inference=False)  # beam search calls the teacher's submodules
     opts: SeqKDOptions = ctx.section("seqkd")
     tgt, report = distilled_targets(ctx, unwrap(teacher.module), opts)
     train = ctx.splits.train

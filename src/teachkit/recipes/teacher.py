@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from teachkit.config import RunConfig, with_changes
@@ -38,7 +39,9 @@ from teachkit.engine import Trainer, Trajectory
 from teachkit.engine.checkpoint import load_checkpoint, strip
 from teachkit.engine.trainer import channels_last
 from teachkit.errors import CheckpointError, ConfigError
+from teachkit.losses import LOSSES
 from teachkit.models import FrozenTeacher
+from teachkit.models.inference import inference_teacher
 from teachkit.models.taps import spec_of
 from teachkit.recipes.common import check_compatible, load_model
 from teachkit.recipes.context import RunContext
@@ -136,6 +139,19 @@ def result_line(who: str, folder: Path, summary: Mapping[str, Any]) -> str:
             f"  {summary.get('wall_time_s', 0.0):.1f}s")
 
 
+def resolve_teacher_inference(setting: str, methods: Sequence[str], device: torch.device, precision: str) -> str:
+    """``teacher.inference`` for a run: ``fold`` or ``plain`` as given; ``auto`` is ``fold`` (measured with
+    ``benchmarks/throughput.py --levers``: the folded teacher's KD step 1.09x the plain one's on a 2-core CPU in fp32,
+    where the teacher's BatchNorms were ~5% of the step; in bf16 it also saves the per-step weight casts; the
+    students' accuracy is unchanged, ``benchmarks/levers_study.py``). ``methods``, ``device`` and ``precision``
+    (fp32 / bf16 / fp16) are what a finer rule may read; methods that read the teacher's BatchNorms keep them
+    (:meth:`TeacherSource.as_inference_model`) and recipes that call its submodules run it plain."""
+    del methods, device, precision  # read by no rule yet
+    if setting not in ("auto", "fold", "plain"):
+        raise ConfigError(f"teacher.inference={setting!r} is not allowed; choose auto, fold or plain")
+    return "fold" if setting == "auto" else setting
+
+
 def trajectory_file_sha(path: Path) -> str | None:
     """The manifest sha256 of ``path`` when it is a checkpoint listed in its folder's trajectory manifest."""
     if not path.is_file() or not (path.parent / Trajectory.MANIFEST).is_file():
@@ -177,6 +193,8 @@ class TeacherSource:
         self.folder = ctx.run_dir / TEACHER_DIR
         #: why the teacher may overlap the student's val/test data, when ``teacher.allow_overlap`` let it run
         self.overlap: str | None = None
+        #: how :meth:`frozen` runs the teacher (``teacher.inference`` resolved), for the run summary
+        self.inference: dict[str, Any] = {"mode": "plain"}
 
     @property
     def given(self) -> bool:
@@ -232,9 +250,11 @@ class TeacherSource:
         the teacher trained in this command (trained now unless it finished before)."""
         return Path(self.cfg.checkpoint) if self.given else self._train_here(save_every=0)
 
-    def frozen(self) -> tuple[FrozenTeacher, dict[str, Any]]:
+    def frozen(self, inference: bool = True) -> tuple[FrozenTeacher, dict[str, Any]]:
         """The final teacher (``teacher.select``), frozen, on the run's device; checked against the student's
-        data. Returns the module and its checkpoint's state (epoch, val/test metrics, model, ...)."""
+        data. Returns the module and its checkpoint's state (epoch, val/test metrics, model, ...). With
+        ``inference`` it runs as ``teacher.inference`` resolves (:meth:`inference_mode`); without, plain (a
+        recipe that calls the teacher's submodules itself: seqkd's beam search)."""
         path = self.checkpoint()
         sha = trajectory_file_sha(path) if self.given else None
         if sha is not None:  # a trajectory checkpoint (eskd): read through its manifest's sha256
@@ -247,8 +267,32 @@ class TeacherSource:
                 load_checkpoint(path, expect_sha256=sha)
         model, state = load_model(path, self.cfg.select, self.ctx.device)
         self._check(state, path)
-        frozen = FrozenTeacher(channels_last(self.with_taps(model), self.ctx.channels_last))
+        model = self.with_taps(model)  # before folding: a tapped layer's output is not folded into
+        mode = self.inference_mode() if inference else "plain"
+        if mode == "fold":
+            model = self.as_inference_model(model)
+        frozen = FrozenTeacher(channels_last(model, self.ctx.channels_last), inference=mode == "fold")
+        #: the resolved ``teacher.inference`` and the BatchNorms folded, for the run summary
+        self.inference = {"mode": mode, **({"bn_folded": getattr(model, "bn_folded", 0),
+                                            "dtype": str(frozen.compute_dtype or "torch.float32")[6:]}
+                                           if mode == "fold" else {})}
         return self._renormalise(frozen, state), state
+
+    def inference_mode(self) -> str:
+        """``teacher.inference`` resolved for this run (:func:`resolve_teacher_inference`)."""
+        ctx = self.ctx
+        return resolve_teacher_inference(self.cfg.inference, ctx.cfg.kd.methods, ctx.device, ctx.precision.name)
+
+    def as_inference_model(self, model: nn.Module) -> nn.Module:
+        """``model`` folded and cast for ``teacher.inference=fold``: BatchNorms folded on two training inputs
+        (none for non-tensor inputs), except those a method reads (OFD's ``stages_bn``); weights in the run's
+        compute dtype and layout."""
+        x = self.ctx.splits.train.x
+        example = x[:2].to(self.ctx.device) if isinstance(x, Tensor) else None
+        reads_bn = any(LOSSES.get(m).reads_teacher_model for m in self.ctx.cfg.kd.methods)
+        return inference_teacher(model, example, dtype=self.ctx.precision.dtype,
+                                 channels_last=self.ctx.channels_last,
+                                 keep=spec_of(model).stages_bn if reads_bn else ())
 
     def recorded(self) -> Trajectory:
         """The teacher's recorded trajectory: from ``teacher.checkpoint``'s run folder, or trained now

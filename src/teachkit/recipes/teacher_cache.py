@@ -76,7 +76,7 @@ from teachkit.engine.checkpoint import (
     save_checkpoint,
 )
 from teachkit.errors import WriteError
-from teachkit.models import Tapped
+from teachkit.models import FrozenTeacher, Tapped
 from teachkit.recipes.context import RunContext
 from teachkit.types import Batch, Taps, num_rows
 
@@ -343,7 +343,7 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
     key = hashlib.sha256("|".join([weights_digest(teacher.model), inputs_digest(split.x), _taps_text(teacher, names),
                                    "float16" if store is not None else "exact", str(len(split)),
                                    f"topk={topk}" if tokens else "", f"precision={_precision_name(precision)}",
-                                   f"channels_last={layout}"]).encode()).hexdigest()
+                                   f"channels_last={layout}", *_inference_part(teacher)]).encode()).hexdigest()
     path = Path(out_dir) / FOLDER / f"{key}.safetensors"
     device = split.y.device
     extra: dict[str, Any] = {}
@@ -626,6 +626,12 @@ def _process() -> str:
     return f"{distributed.rank()}/{distributed.world_size()}"
 
 
+def _inference_part(teacher: Tapped) -> list[str]:
+    """The cache key's part for a teacher run as an inference model (``teacher.inference=fold``: folded weights,
+    its own dtype, inference mode); none for a plain teacher, whose keys stay as they were."""
+    return ["teacher_inference=fold"] if isinstance(teacher.model, FrozenTeacher) and teacher.model.inference else []
+
+
 def _taps_text(teacher: Tapped, names: Iterable[str]) -> str:
     """The cached taps for a cache key; with the embedding tap, the module it is read from (``teacher.taps`` may
     name another one for the same weights)."""
@@ -646,7 +652,7 @@ def view_outputs(teacher: Tapped, split: TensorSplit, *, names: tuple[str, ...],
              f"seed={seed}", f"batch_size={batch_size}", f"augment={augment!r}", f"micro_batch={micro_batch}",
              f"precision={_precision_name(precision)}", f"channels_last={layout}", f"taps={_taps_text(teacher, names)}",
              f"store={'float16' if half else 'exact'}", f"topk={topk}", f"samples={len(split)}",
-             f"device={device.type}", f"compile={bool(compile)}", f"process={_process()}"]
+             f"device={device.type}", f"compile={bool(compile)}", f"process={_process()}", *_inference_part(teacher)]
     key = hashlib.sha256("|".join(parts).encode()).hexdigest()
     folder = None if out_dir is None else Path(out_dir) / VIEWS_FOLDER / key
     return ViewTeacherOutputs(teacher, status="views", key=key, folder=folder, names=names, samples=len(split),
@@ -670,7 +676,7 @@ def run_teacher_outputs(ctx: RunContext, teacher: Tapped, needs: Iterable[str],
                             seed=cfg.train.seed, batch_size=cfg.data.batch_size, out_dir=Path(cfg.out_dir),
                             micro_batch=cfg.train.micro_batch, precision=ctx.precision,
                             channels_last=ctx.channels_last, dtype=cfg.teacher.cache_dtype,
-                            topk=cfg.teacher.cache_topk, compile=bool(getattr(cfg.train, "compile", False)))
+                            topk=cfg.teacher.cache_topk, compile=ctx.compiles)
     return teacher_outputs(teacher, split, needs=needs, mode=cfg.teacher.cache,
                            augmented=augment is not None, transforms=transforms,
                            out_dir=Path(cfg.out_dir), batch_size=cfg.data.eval_batch_size,
