@@ -70,7 +70,6 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -91,7 +90,7 @@ from teachkit.data import Augment, BatchLoader
 from teachkit.data.base import TensorSplit
 from teachkit.engine import LoopConfig, OptimConfig, fit
 from teachkit.engine.evaluate import ClassificationEvaluator
-from teachkit.engine.precision import cpu_flags, fast_bf16, resolve_channels_last, resolve_precision
+from teachkit.engine.precision import cpu_flags, cpu_model, fast_bf16, resolve_channels_last, resolve_precision
 from teachkit.engine.syncs import HostSyncCounter
 from teachkit.engine.trainer import batch_channels_last, channels_last
 from teachkit.losses import build_objective, needs_of
@@ -557,19 +556,7 @@ def progress(message: str, t0: float) -> None:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform`` where that cannot be read)."""
-    return device_name(torch.device("cpu"))
+    return cpu_model()
 
 
 def machine() -> dict[str, Any]:

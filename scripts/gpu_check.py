@@ -64,7 +64,7 @@ from teachkit.data.base import TensorSplit
 from teachkit.data.parallel import PAD, shift_right
 from teachkit.engine import ClassificationEvaluator, LoopConfig, OptimConfig, Trainer
 from teachkit.engine.checkpoint import atomic_write
-from teachkit.engine.precision import fast_bf16
+from teachkit.engine.precision import cpu_model, fast_bf16
 from teachkit.errors import ConfigError
 from teachkit.losses import build_objective, needs_of
 from teachkit.models import FrozenTeacher, Tapped, build_model
@@ -683,17 +683,6 @@ CHECKS = [
     Check("throughput", check_throughput, 200, 90),
 ]
 BY_NAME = {c.name: c for c in CHECKS}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def environment(device: torch.device) -> dict[str, Any]:
