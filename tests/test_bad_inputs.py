@@ -139,6 +139,8 @@ ROWS: list[tuple[str, list[str], dict, dict, str]] = [
      "optim.betas='fast' is not allowed: expected a list of a number"),
     ("teacher-betas", ["distill", "{cfg}", "teacher.optim.betas=[0.9, 2]"], {"cfg.yaml": TINY}, {},
      "teacher.optim.betas=[0.9, 2.0] is not allowed"),
+    ("optim-implementation-bogus", ["train", "{cfg}", "optim.implementation=turbo"], {"cfg.yaml": TINY}, {},
+     "optim.implementation='turbo' is not allowed; choose one of: auto, loop, foreach, fused"),
     ("teacher-inference-bogus", ["distill", "{cfg}", "teacher.inference=bogus"], {"cfg.yaml": TINY}, {},
      "teacher.inference='bogus' is not allowed; choose one of: auto, fold, plain"),
     ("gamma-zero", ["train", "{cfg}", "optim.gamma=0"], {"cfg.yaml": TINY}, {}, "optim.gamma=0.0 is out of range"),
@@ -318,7 +320,7 @@ def expand(argv: list[str], tmp_path: Path) -> list[str]:
 
 
 def test_row_count():
-    assert len(ROWS) == 129 and len({r[0] for r in ROWS}) == len(ROWS)
+    assert len(ROWS) == 130 and len({r[0] for r in ROWS}) == len(ROWS)
 
 
 @pytest.mark.parametrize("argv, files, env, fragment", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])

@@ -343,3 +343,22 @@ def test_given_splits_record_the_real_dataset(tmp_path: Path) -> None:
     by_hand = dataclasses.replace(splits, config=None)
     with pytest.raises(ConfigError, match="splits are of dataset 'synthetic' but data.name is 'digits'"):
         record_data(cfg, by_hand)
+
+
+# ----------------------------------------------------------------------------- train.compile=auto, resolved
+
+
+@pytest.mark.parametrize(("model", "epochs", "setting", "expected"), [
+    ("resnet8", 300, "auto", True),  # 300 epochs x 7 batches >= 2,000 steps of a CPU conv net
+    ("resnet8", 2, "auto", False),  # too short to pay back the compile time
+    ("mlp", 300, "auto", False),  # no convolution
+    ("resnet8", 2, True, True),
+    ("resnet8", 300, False, False),
+])
+def test_the_context_resolves_compile_as_the_engine_does(tiny, model, epochs, setting, expected):
+    data = {"options": {"shape": [3, 8, 8], "num_classes": 4, "n_train": 240, "n_test": 80}}
+    options = {"hidden": [16]} if model == "mlp" else {}
+    cfg = tiny(name=f"c-{model}-{epochs}-{setting}", model={"name": model, "options": options}, data=data,
+               train={"epochs": epochs, "compile": setting})
+    ctx = RunContext.open(cfg)
+    assert ctx.compiles is expected

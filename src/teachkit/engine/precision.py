@@ -139,7 +139,13 @@ def resolve_compile(setting: bool | str, device: torch.device, model: nn.Module,
     if setting != "auto":
         return bool(setting)
     conv = any(isinstance(m, nn.Conv2d) for m in model.modules())
-    return device.type == "cpu" and conv and not has_recurrent(model) and steps_planned >= COMPILE_AUTO_MIN_STEPS
+    return compile_may_pay(device, steps_planned) and conv and not has_recurrent(model)
+
+
+def compile_may_pay(device: torch.device, steps_planned: int) -> bool:
+    """The part of ``train.compile=auto``'s rule that does not look at the model: a CPU, and a run of at least
+    :data:`COMPILE_AUTO_MIN_STEPS` steps."""
+    return device.type == "cpu" and steps_planned >= COMPILE_AUTO_MIN_STEPS
 
 
 def compile_errors() -> tuple[type[BaseException], ...]:

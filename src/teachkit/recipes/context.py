@@ -45,6 +45,7 @@ from teachkit.engine.checkpoint import (
 )
 from teachkit.engine.precision import (
     Precision,
+    compile_may_pay,
     has_recurrent,
     resolve_channels_last,
     resolve_compile,
@@ -384,9 +385,12 @@ class RunContext:
         epoch, as the engine resolves it for the trainer's first module (``auto``: where it pays back)."""
         if self.cfg.train.compile != "auto":
             return bool(self.cfg.train.compile)
+        steps = self.cfg.train.epochs * len(self.batches())
+        if not compile_may_pay(self.device, steps):  # off whatever the model: none built
+            return False
         with torch.device("meta"):  # the model's layers, without allocating them
             model = make_model(self.cfg.model, self.splits.input_shape, self.splits.num_classes)
-        return resolve_compile("auto", self.device, model, self.cfg.train.epochs * len(self.batches()))
+        return resolve_compile("auto", self.device, model, steps)
 
     def trainer(self, modules: nn.Module | Mapping[str, nn.Module], step: StepFn, *, meta: dict[str, Any],
                 callbacks: Sequence[Callback] = (), desc: str | None = None, optim: OptimConfig | None = None,
