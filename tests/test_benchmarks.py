@@ -316,3 +316,42 @@ def test_zoo_study_quick(tmp_path):
     for arm in arms.split(","):
         assert f"| {arm} |" in out
     assert "| no KD |" in out and "not run in this setting" not in out
+
+
+def test_lm_kd_small(tmp_path):
+    """Both parts of the causal-LM KD benchmark at their tiniest: the throughput table (plain, KD with the teacher,
+    KD from a cached top-k teacher, the teacher alone) with finite ratios to plain, and the memory table (naive and
+    chunked, a forced block size so the chunked path runs) with the agreement line, all in the JSON record (no
+    timing or memory figure is asserted)."""
+    import math
+
+    out = run("lm_kd.py", "--teacher", "llama-tiny", "--student", "llama-tiny", "--vocab", "64", "--batch", "2",
+              "--length", "8", "--topk", "4", "--steps", "1", "--rounds", "1", "--vocabs", "4096", "--tokens", "64",
+              "--hidden", "16", "--chunk-rows", "16", "--mem-passes", "1", "--device", "cpu",
+              "--json", str(tmp_path / "lm.json"), cwd=tmp_path)
+    lines = out.splitlines()
+    assert lines[0].startswith("CPU ") and "logical CPUs" in lines[0] and "threads" in lines[0]
+    assert lines[1].startswith("device cpu; started ") and "may be shared" in lines[1]
+    tables = [[line for line in block.splitlines() if line.startswith("|")] for block in out.split("###")[1:]]
+    header = [c.strip() for c in tables[0][0].strip("|").split("|")]
+    assert header == ["setting", "step ms", "tokens/s", "target tokens/s", "vs plain"]
+    rows = {r[0]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in tables[0][2:])}
+    assert list(rows) == ["plain", "kd-teacher", "kd-cached-topk", "teacher forward alone"]
+    assert float(rows["plain"][4]) == 1.0
+    assert all(math.isfinite(float(rows[s][i])) and float(rows[s][i]) > 0 for s in list(rows)[:3] for i in (1, 2, 4))
+    assert "teacher forward share of the kd-teacher step: " in out and "kd-teacher step / (plain step + " in out
+    mem = [[c.strip() for c in line.strip("|").split("|")] for line in tables[1][2:]]
+    assert [(r[0], r[1]) for r in mem] == [("4096", "naive"), ("4096", "chunked")]
+    assert mem[1][2] == "chunked, 16 rows per block" and float(mem[0][3]) == 1.0  # 64 x 4096 x 4 bytes = 1 MiB
+    assert "V=4096: naive / chunked peak " in out and "loss rel diff " in out
+    record = json.loads((tmp_path / "lm.json").read_text())
+    assert set(record) == {"header", "throughput", "memory"}
+    assert {"cpu_model", "logical_cpus", "torch", "torch_threads", "device", "started"} <= set(record["header"])
+    thr = record["throughput"]
+    assert set(thr["settings"]) == {"plain", "kd-teacher", "kd-cached-topk"} and thr["target_tokens"] == 8
+    assert 0 < thr["teacher_share_of_kd_step"] < 1 and thr["settings"]["plain"]["vs_plain"] == 1.0
+    v = record["memory"]["vocabs"]["4096"]
+    assert set(v["variants"]) == {"naive", "chunked"}
+    if sys.platform == "linux":  # the child's own high-water mark, reset at the baseline
+        assert all(r["peak_reset_at_baseline"] and r["peak_source"] == "VmHWM" for r in v["variants"].values())
+    assert v["agreement"]["loss_rel_diff"] < 1e-5 and v["agreement"]["grad_max_abs_diff_rel"] < 1e-4

@@ -2,8 +2,9 @@
 bit-identical to an uninterrupted run's and its logs (``metrics.jsonl``; L2T's ``phi_log.jsonl`` and
 ``teacher_log.jsonl``) hold the same records (timing fields aside), for plain training, distillation (CRD's
 memory bank, an in-command teacher), Pro-KD (a teacher trained online, interleaved with the student),
-L2T-DLF (a loss teacher trained by hypergradients, then a student driven by it) and sequence-level KD for
-translation (a Transformer teacher trained in the command, its beam translations, an LSTM student).
+L2T-DLF (a loss teacher trained by hypergradients, then a student driven by it), sequence-level KD for
+translation (a Transformer teacher trained in the command, its beam translations, an LSTM student) and causal
+language models (token-level KD, on-policy GKD with its sampled responses, Pro-KD following a teacher trained online).
 
 The kills land densely around the run folder's writes. A watcher (inotify) sees every file the run creates,
 renames into place or appends to, and each attempt is killed at a randomly chosen such event:
@@ -52,12 +53,20 @@ NMT = ["data.name=toy_translation", "data.options={train: 60, valid: 10, test: 1
        "model={name: lstm_attn, options: {embed_dim: 8, hidden: 8}}", "teacher.epochs=2",
        "teacher.model={name: transformer_seq2seq, options: {encoder_layers: 1, decoder_layers: 1, d_model: 8, "
        "heads: 2, ffn: 16}}", "seqkd.beam=2", "train.epochs=6"]
+#: causal LM: 2-digit addition, llama-tiny student and teacher (trained in the command), AdamW
+LM = ["data={name: addition, batch_size: 32, eval_batch_size: 64, options: {digits: 2, train: 160, valid: 16, "
+      "test: 16}}", "model={name: hf_causal_lm, options: {preset: llama-tiny}}", "optim={name: adamw, lr: 0.003}",
+      "teacher.model={name: hf_causal_lm, options: {preset: llama-tiny}}", "teacher.optim={name: adamw, lr: 0.003}",
+      "teacher.epochs=3", "kd={method: kd, alpha: 0.5, temperature: 1.0}"]
 CASES = {
     "train": (["train"], ["train.epochs=12"]),  # its epochs are the shortest
     "distill-crd": (["distill"], ["kd.method=[crd, kd]", "teacher.epochs=3"]),
     "prokd-online": (["run", "prokd"], ["teacher.epochs=3", "prokd.tau_max=3"]),
     "l2t": (["run", "l2t"], L2T),
     "seqkd-translation": (["run", "seqkd"], NMT),
+    "lm-token-kd": (["distill"], LM),
+    "lm-gkd": (["run", "gkd"], [*LM, "gkd.lmbda=0.5", "gkd.max_new_tokens=4"]),
+    "lm-prokd": (["run", "prokd"], [*LM, "prokd.tau_max=3", "prokd.loss=kl"]),
 }
 EPOCHS = 8
 #: kills per case (then the run is left to finish) and the seed of their plans; a longer soak:

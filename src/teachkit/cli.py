@@ -87,10 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugin_arg(ls)
     demo = sub.add_parser("demo", help="images: CE vs MSE teacher, KD vs no KD; text: no KD vs KD vs Pro-KD on "
                                        "tweets with a MiniLM teacher; nmt: no KD vs word-level vs sequence-level "
-                                       "KD; several paired seeds (offline)")
-    demo.add_argument("--task", choices=["images", "text", "nmt"], default="images",
-                      help="images (default), text (MiniLM-L6 teacher on the tweet corpus) or nmt (Transformer "
-                           "teacher, LSTM students on a generated translation task); times: see README (measured)")
+                                       "KD; lm: no KD vs forward/reverse KL vs GKD vs Pro-KD for causal LMs; several "
+                                       "paired seeds (offline)")
+    demo.add_argument("--task", choices=["images", "text", "nmt", "lm"], default="images",
+                      help="images (default), text (MiniLM-L6 teacher on the tweet corpus), nmt (Transformer "
+                           "teacher, LSTM students on a generated translation task) or lm (GPT-2-style causal LMs "
+                           "on generated addition problems); times: see README (measured)")
     demo.add_argument("--data", choices=["mnist5k", "digits", "mnist1d"], default="mnist5k",
                       help="dataset of the image demo")
     demo.add_argument("--seeds", type=int, default=None, help="student seeds (default per dataset)")
@@ -431,6 +433,12 @@ def _demo(args: argparse.Namespace) -> int:
 
         nmt = NMTSetting().quick() if args.quick else NMTSetting()
         run_nmt_study(nmt, args.out, seeds=args.seeds)
+        return 0
+    if args.task == "lm":
+        from teachkit.experiments.lm_study import LMSetting, run_lm_study
+
+        lm = LMSetting().quick() if args.quick else LMSetting()
+        run_lm_study(lm, args.out, seeds=args.seeds)
         return 0
     run_demo(args.data, seeds=args.seeds, out=args.out, quick=args.quick)
     return 0

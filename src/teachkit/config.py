@@ -103,9 +103,10 @@ class TeacherConfig(Options):
     cache: Literal["auto", "off"] = "auto"
     #: storage of cached outputs: float32 (exact) or float16 (half the memory, rounded)
     cache_dtype: Literal["float32", "float16"] = "float32"
-    #: translation (per-token outputs): keep the teacher's k largest logits per target token (0: the whole
-    #: distribution); the student then distils from that top-k distribution renormalised -- a biased estimate
-    #: of the full one, stated in the run summary
+    #: sequences (translation, causal LMs: per-token outputs): keep the teacher's k largest logits per target token
+    #: and the probability of all the others (0: the whole distribution); Hinton KD's divergences compare the
+    #: (k + 1)-outcome distributions, other methods get the top-k renormalised -- biased estimates of the full
+    #: one, stated in the run summary
     cache_topk: int = option(0, ge=0)
     #: the frozen teacher as an inference model: ``fold`` folds its BatchNorms into the convolutions before them,
     #: stores its weights in the run's compute dtype and runs it under torch.inference_mode; ``plain`` runs it as

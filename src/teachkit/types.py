@@ -187,6 +187,11 @@ class Evaluator:
     def train_metrics(self, outputs: Any, batch: Batch) -> dict[str, Tensor]:
         return {}
 
+    def report(self) -> dict[str, Any]:
+        """Facts of the last evaluation for the run summary that are not metrics (a causal LM's generation
+        speed: measured time, so not a per-epoch metric); default none."""
+        return {}
+
     def check_model(self, model: nn.Module) -> None:
         """Raise a one-line error when this task cannot measure ``model`` (checked before a run starts, on a
         model built on the meta device); default: any model."""

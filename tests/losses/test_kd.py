@@ -77,3 +77,49 @@ def test_temperature_defaults_to_kd_temperature_and_to_4_when_built_directly():
     assert HintonKD(taps, taps).temperature == 4.0
     assert HintonKD(taps, taps, KDOptions(temperature=1.5)).temperature == 1.5
     assert KDOptions().temperature is None
+
+
+class _Untouchable:
+    """Stands in for the dense teacher logits a top-k cache would have to build: any use fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"teacher.logits.{name} read although the teacher is a cached top-k")
+
+
+@pytest.mark.parametrize("options", [{}, {"divergence": "reverse_kl"}, {"divergence": "jsd", "jsd_beta": 0.2},
+                                     {"divergence": "tv", "scale_t2": False}, {"top_k": 2}])
+def test_hinton_kd_reads_a_cached_top_k_teacher_through_the_buckets(options):
+    from teachkit.losses.divergences import TopKLogits, bucket_divergence
+
+    g = torch.Generator().manual_seed(2)
+    zs = torch.randn(5, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    zt = 2 * torch.randn(5, 7, dtype=torch.float64, generator=g)
+    top = TopKLogits.from_logits(zt, 3)
+    batch = Batch(torch.zeros(5, 1), torch.zeros(5, dtype=torch.long), torch.arange(5))
+    loss = HintonKD(Taps(zs.detach()), Taps(zt), KDOptions(temperature=2.0, **options), num_classes=7)
+    value = loss(Taps(zs), Taps(_Untouchable(), extra={"topk": top}), batch, P)["kl"]
+    kept = TopKLogits.from_logits(zt, options.get("top_k", 3))
+    expected = bucket_divergence(zs, kept, 2.0, options.get("divergence", "forward_kl"), options.get("jsd_beta", 0.5))
+    scale = 1.0 if options.get("scale_t2") is False else 4.0
+    assert value.item() == pytest.approx(scale * expected.item(), rel=1e-12)
+    value.backward()
+    assert torch.isfinite(zs.grad).all() and zs.grad.abs().sum() > 0
+    # without the cache the same loss reads the dense logits as before (the default: exactly kd_kl)
+    dense = loss(Taps(zs), Taps(zt), batch, P)["kl"]
+    if not options:
+        assert dense.item() == kd_kl(zs, zt, 2.0).item()
+        assert value.item() <= dense.item() + 1e-12  # the bucketed KL never exceeds the full one
+
+
+def test_hinton_kd_top_k_cache_refuses_what_needs_full_logits():
+    from teachkit.losses.divergences import TopKLogits
+
+    z = torch.randn(3, 6)
+    cached = Taps(_Untouchable(), extra={"topk": TopKLogits.from_logits(z, 2)})
+    batch = Batch(torch.zeros(3, 1), torch.zeros(3, dtype=torch.long), torch.arange(3))
+    for options, match in [({"logit_standardize": True}, "logit_standardize=true needs the teacher's full logits"),
+                           ({"top_k": 4}, r"top_k=4 is more than the cached teacher's top-2: allowed 1..2")]:
+        loss = HintonKD(Taps(z), Taps(z), KDOptions(**options), num_classes=6)
+        with pytest.raises(ConfigError, match=match) as info:
+            loss(Taps(z), cached, batch, P)
+        assert "\n" not in str(info.value)

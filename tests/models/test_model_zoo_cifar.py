@@ -24,6 +24,7 @@ NEW = {name: {} for name in [*WRNS, *VGGS, *IMAGENET_RESNETS, "mobilenetv2", "sh
                              "resnet50_cifar", "densenet_bc"]}
 NEW["wrn"] = {"depth": 16}
 NEW["hf_text"] = {"preset": "bert-tiny"}  # tests/models/test_text_models.py
+NEW["hf_causal_lm"] = {"preset": "llama-tiny"}  # tests/models/test_causal_lm.py
 # translation models: tests/models/test_seq2seq_models.py
 NEW |= {name: {} for name in ("lstm_attn", "transformer_seq2seq", "transformer_small", "transformer_iwslt")}
 

@@ -293,6 +293,10 @@ class ParallelText(Mapping[str, Tensor]):
     def src_lengths(self) -> Tensor:
         return (self.src != PAD).sum(dim=1)
 
+    def bucket_lengths(self) -> tuple[Tensor, Tensor]:
+        """(source, target) lengths: what :class:`TokenBatchLoader` sorts rows by and pads to."""
+        return self.src_lengths(), self.tgt_lengths()
+
     def tgt_lengths(self) -> Tensor:
         return (self.tgt != PAD).sum(dim=1)
 
@@ -333,13 +337,15 @@ def length_buckets(src_len: Tensor, tgt_len: Tensor, batch_size: int, max_tokens
 
 
 class TokenBatchLoader:
-    """Training batches of a :class:`ParallelText` split (see the module docstring): ``Batch(x, y, index)`` with
-    ``x`` the rows (trimmed), ``y`` their packed token targets, ``index`` the rows' positions in the split."""
+    """Training batches of a split of token rows (see the module docstring): ``Batch(x, y, index)`` with ``x`` the
+    rows (trimmed), ``y`` their packed token targets, ``index`` the rows' positions in the split. ``x`` is a
+    :class:`ParallelText` or any rows giving ``bucket_lengths()`` (the two lengths a row's padding grows with:
+    source and target; a causal LM's two tokenisations), ``rows``, ``token_targets`` and ``tgt_lengths``."""
 
-    def __init__(self, x: ParallelText, batch_size: int, shuffle: bool = True, seed: int = 0,
+    def __init__(self, x: Any, batch_size: int, shuffle: bool = True, seed: int = 0,
                  max_tokens: int | None = None) -> None:
         self.x, self.batch_size, self.shuffle, self.seed, self.max_tokens = x, batch_size, shuffle, seed, max_tokens
-        src_len, tgt_len = x.src_lengths().cpu(), x.tgt_lengths().cpu()
+        src_len, tgt_len = (lengths.cpu() for lengths in x.bucket_lengths())
         if max_tokens is not None and x.num_rows:
             longest = int(torch.maximum(src_len, tgt_len).max())
             if longest > max_tokens:

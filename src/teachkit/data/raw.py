@@ -29,7 +29,7 @@ REGRESSION_TASKS: set[str] = {REGRESSION}
 SPAN_TASKS = ("squad",)
 #: tasks whose targets are token sequences, (N, T) integer ids padded with 0, carried by the inputs as well
 #: (parallel text: :class:`~teachkit.data.parallel.ParallelText`); a batch's ``y`` holds them packed per token
-SEQUENCE_TASKS = ("translation",)
+SEQUENCE_TASKS = ("translation", "causal_lm")
 
 
 def is_regression(task: str) -> bool:

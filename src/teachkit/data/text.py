@@ -170,6 +170,25 @@ def tokenisation(x: Mapping[str, Any], side: str) -> dict[str, Any]:
     return {k: v for k, v in x.items() if not k.startswith(TEACHER_PREFIX)}
 
 
+def model_inputs(inputs: Any, named: Mapping[str, Any], side: str, who: str) -> dict[str, Any]:
+    """The token inputs a text model reading ``side`` gets from its call ``model(inputs, **named)``: ``inputs`` an
+    ``input_ids`` tensor or a mapping (tokenised rows), ``named`` keyword tensors, the ``teacher.`` prefix resolved
+    (:func:`tokenisation`). A TypeError for another kind of input; a one-line ConfigError (naming ``who``) without
+    ``input_ids``."""
+    given: dict[str, Any] = {}
+    if isinstance(inputs, Tensor):
+        given["input_ids"] = inputs
+    elif isinstance(inputs, Mapping):
+        given.update({k: inputs[k] for k in inputs})
+    elif inputs is not None:
+        raise TypeError(f"{who} takes a mapping of token tensors or input_ids; got {type(inputs).__name__}")
+    given.update(named)
+    x = tokenisation(given, side)
+    if "input_ids" not in x:
+        raise ConfigError(f"{who}: its input has no input_ids (keys: {', '.join(map(str, given)) or 'none'})")
+    return x
+
+
 # -- tokenizers, offline ------------------------------------------------------------------------------------
 def resolve_pretrained(name: str, what: str = "model") -> str:
     """A local folder for ``name``: a bundled model name (``minilm-l6``), an existing folder, or a Hugging

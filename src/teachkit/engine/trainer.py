@@ -981,6 +981,7 @@ class Trainer:
             "precision": self.precision.name,
             "channels_last": self.channels_last,
             "compiled": list(self.compiled),
+            **getattr(self.evaluator, "report", dict)(),  # facts of the last evaluation (a causal LM's speed)
             **extra_summary,
         }
         if self.stopped is not None:

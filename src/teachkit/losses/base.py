@@ -68,6 +68,8 @@ class DistillLoss(nn.Module):
     - ``default_weight``: the paper's gamma in ``L = CE + gamma * L_distill``;
     - ``replaces_ce``: True when the method computes its own label loss (the objective adds no CE);
     - ``token_level``: True when it compares per-token tensors, so teacher and student must share a tokenizer;
+    - ``vocabulary_agnostic``: True when it compares no class identities (ULD's sorted probabilities), so teacher
+      and student may have different vocabularies (two tokenizers of a causal LM);
     - ``regression_ok``: True when it reads no class probabilities (it distils real-valued outputs too);
     - ``reads_teacher_model``: True when the constructor also takes ``teacher_model=`` (the tapped, frozen
       teacher module), for methods that read the teacher's parameters (OFD's BatchNorm margins);
@@ -94,6 +96,8 @@ class DistillLoss(nn.Module):
     replaces_ce: ClassVar[bool] = False
     #: compares token-level tensors (hidden states, attention maps): teacher and student need one tokenizer
     token_level: ClassVar[bool] = False
+    #: compares no class identities, so teacher and student may have different vocabularies (ULD)
+    vocabulary_agnostic: ClassVar[bool] = False
     #: reads no class probabilities, so it also distils real-valued outputs (regression tasks such as STS-B)
     regression_ok: ClassVar[bool] = False
     #: the constructor takes ``teacher_model=`` (the tapped frozen teacher) besides the probed taps

@@ -4,11 +4,17 @@ Options beyond T: the divergence (forward KL by default; reverse KL, generalised
 variation, and a top-k sparse forward KL: :mod:`teachkit.losses.divergences`), whether the T^2 factor
 applies, and logit standardisation (Sun et al. CVPR 2024, :mod:`teachkit.losses.logit_standardization`:
 z-score both logits before the softmax; the authors run it with T = 2 and the KD weight 9).
+
+A cached top-k teacher (a :class:`~teachkit.losses.divergences.TopKLogits` under ``teacher.extra["topk"]``, for a
+vocabulary of 100k+ tokens) is read through the bucketed divergences (the k classes plus one bucket for the rest).
+Large logits (a causal LM's packed (N_tokens, V)) are computed a block of rows at a time with bounded memory
+(:mod:`teachkit.losses.chunked`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch.nn.functional as F
@@ -16,7 +22,8 @@ from torch import Tensor
 
 from teachkit.errors import ConfigError
 from teachkit.losses.base import DistillLoss, LogitRanks
-from teachkit.losses.divergences import logit_divergence
+from teachkit.losses.chunked import chunk_plan, chunked_row_mean
+from teachkit.losses.divergences import TopKLogits, bucket_divergence, logit_divergence
 from teachkit.losses.logit_standardization import maybe_standardize
 from teachkit.losses.registry import LOSSES
 from teachkit.options import Options, option
@@ -26,8 +33,26 @@ from teachkit.types import Batch, Progress, Taps, upcast
 DEFAULT_TEMPERATURE = 4.0
 
 
-def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
-    """T^2 * KL(p_t^T || p_s^T), summed over classes, mean over batch ('batchmean', never 'mean')."""
+def _kd_kl_rows(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+    """KL(p_t^T || p_s^T) per row of (rows, classes) logits, by :func:`kd_kl`'s formula."""
+    log_ps = F.log_softmax(upcast(student_logits) / temperature, dim=-1)
+    log_pt = F.log_softmax(upcast(teacher_logits) / temperature, dim=-1)
+    return (log_pt.exp() * (log_pt - log_ps)).sum(dim=-1)
+
+
+def kd_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float, *,
+          chunk_rows: int | None = None) -> Tensor:
+    """T^2 * KL(p_t^T || p_s^T), summed over classes, mean over batch ('batchmean', never 'mean').
+
+    Classes on axis 1. Above ``CHUNK_THRESHOLD`` rows x classes (or with ``chunk_rows``) a block of rows at a
+    time, saving no log-probabilities for backward (:mod:`teachkit.losses.chunked`; no gradient reaches the
+    teacher's logits there, which callers detach)."""
+    classes = student_logits.shape[1] if student_logits.dim() > 1 else 1
+    plan = chunk_plan(student_logits.numel() // max(1, classes), classes, chunk_rows)
+    if plan is not None:
+        zs, zt = (z.movedim(1, -1).reshape(-1, classes) for z in (student_logits, teacher_logits))
+        return chunked_row_mean(partial(_kd_kl_rows, temperature=temperature), zs, zt,
+                                chunk_rows=plan) * temperature**2
     log_ps = F.log_softmax(upcast(student_logits) / temperature, dim=1)
     log_pt = F.log_softmax(upcast(teacher_logits) / temperature, dim=1)
     kl = (log_pt.exp() * (log_pt - log_ps)).sum(dim=1).mean()
@@ -88,15 +113,37 @@ class HintonKD(DistillLoss):
                       and not opts.logit_standardize)
 
     def forward(self, student: Taps, teacher: Taps, batch: Batch, progress: Progress) -> dict[str, Tensor]:
+        topk = teacher.extra.get("topk") if isinstance(teacher.extra, dict) else None
+        if isinstance(topk, TopKLogits):  # a cached top-k teacher: never read teacher.logits (built densely)
+            value = self.bucketed(student.logits, topk)
+            return {"kl": value * self.temperature**2 if self.options.scale_t2 else value}
         if self.plain:
             return {"kl": kd_kl(student.logits, teacher.logits.detach(), self.temperature)}
         opts = self.options
-        zs, zt = upcast(student.logits), upcast(teacher.logits.detach())
+        zs, zt = student.logits, teacher.logits.detach()  # the divergences upcast (per block of rows when chunked)
         if zs.dim() > 2:  # the divergences and standardisation read the last axis: move the classes there
             zs, zt = zs.movedim(1, -1), zt.movedim(1, -1)
-        zs, zt = maybe_standardize(zs, zt, opts.logit_standardize)
+        if opts.logit_standardize:
+            zs, zt = maybe_standardize(upcast(zs), upcast(zt), True)
         value = logit_divergence(zs, zt, self.temperature, opts.divergence, opts.jsd_beta, opts.top_k)
         return {"kl": value * self.temperature**2 if opts.scale_t2 else value}
+
+    def bucketed(self, student_logits: Tensor, topk: TopKLogits) -> Tensor:
+        """The chosen divergence between the top-k teacher's k classes plus rest bucket and the student's, unscaled
+        (:func:`~teachkit.losses.divergences.bucket_divergence`); ``top_k`` keeps fewer of the cached classes."""
+        opts = self.options
+        if opts.logit_standardize:
+            raise ConfigError("kd.options.kd.logit_standardize=true needs the teacher's full logits, but the teacher "
+                              f"is a cached top-{topk.k}; set logit_standardize=false or cache the full logits")
+        if opts.top_k is not None and opts.top_k > topk.k:
+            raise ConfigError(f"kd.options.kd.top_k={opts.top_k} is more than the cached teacher's top-{topk.k}: "
+                              f"allowed 1..{topk.k}")
+        if opts.top_k is not None:
+            topk = topk.keep(opts.top_k)
+        zs = student_logits
+        if zs.dim() > 2:  # classes on axis 1, positions after: one row per (sample, position), as the cache's rows
+            zs = zs.movedim(1, -1).reshape(-1, zs.shape[1])
+        return bucket_divergence(zs, topk, self.temperature, opts.divergence, opts.jsd_beta)
 
     def extra_repr(self) -> str:
         opts = self.options

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from teachkit.data.text import load_tokenizer, resolve_pretrained, tokenisation, tokenizer_of
+from teachkit.data.text import load_tokenizer, model_inputs, resolve_pretrained, tokenisation, tokenizer_of
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec
 from teachkit.models.zoo import MODELS, build_model, fraction, input_shape_of, positive_int
@@ -184,18 +184,7 @@ class HFTextModel(nn.Module):
 
     # -- forward --------------------------------------------------------------------------------------------
     def forward(self, inputs: Mapping[str, Tensor] | Tensor | None = None, **named: Tensor) -> Any:
-        given: dict[str, Any] = {}
-        if isinstance(inputs, Tensor):
-            given["input_ids"] = inputs
-        elif isinstance(inputs, Mapping):
-            given.update({k: inputs[k] for k in inputs})
-        elif inputs is not None:
-            raise TypeError(f"{type(self).__name__} takes a mapping of token tensors or input_ids; "
-                            f"got {type(inputs).__name__}")
-        given.update(named)
-        x = tokenisation(given, self.inputs)
-        if "input_ids" not in x:
-            raise ConfigError(f"text model input has no input_ids (keys: {', '.join(map(str, given)) or 'none'})")
+        x = model_inputs(inputs, named, self.inputs, type(self).__name__)
         args = {k: x[k].long() for k in self._model_inputs if k in x}  # token columns are stored as int32
         length = args["input_ids"].shape[-1]
         if self.max_tokens is not None and length > self.max_tokens:  # else an IndexError deep in the embeddings

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from teachkit.errors import CheckpointError, ConfigError
-from teachkit.predict import generic, images, tables, text, translation  # noqa: F401  (register their predictors)
+from teachkit.predict import causal_lm, generic, images, tables, text, translation  # noqa: F401  (register predictors)
 from teachkit.predict.base import PREDICTORS, Predictor, predictor_class, register_predictor
 from teachkit.recipes.common import load_model, student_of
 from teachkit.registry import import_plugins

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from teachkit.data.raw import DATASETS, SPAN_TASKS, is_regression
+from teachkit.data.raw import DATASETS, SEQUENCE_TASKS, SPAN_TASKS, is_regression
 from teachkit.data.text import (
     BUNDLED_MODELS,
     TextInfo,
@@ -83,7 +83,7 @@ class TextPredictor(Predictor):
 
     @classmethod
     def handles(cls, state: dict[str, Any]) -> bool:
-        return isinstance(state.get("tokenizer"), dict) and recorded_task(state) not in SPAN_TASKS
+        return isinstance(state.get("tokenizer"), dict) and recorded_task(state) not in (*SPAN_TASKS, *SEQUENCE_TASKS)
 
     def __init__(self, model: torch.nn.Module, state: dict[str, Any], source: Path,
                  device: torch.device | str = "cpu") -> None:

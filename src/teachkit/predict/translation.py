@@ -23,6 +23,7 @@ import torch
 
 from teachkit.data.bpe import JointBPE
 from teachkit.data.parallel import TRANSLATION, DecodeOptions, ParallelText, TranslationInfo, Vocab
+from teachkit.data.raw import SEQUENCE_TASKS
 from teachkit.data.translation_files import id_array, normalise, read_lines
 from teachkit.errors import CheckpointError, ConfigError, DataError
 from teachkit.models.decoding import translate_split
@@ -50,7 +51,8 @@ class TranslationPredictor(Predictor):
 
     @classmethod
     def handles(cls, state: dict[str, Any]) -> bool:
-        return recorded_task(state) == TRANSLATION or isinstance(state.get("vocabulary"), str)
+        task = recorded_task(state)
+        return task == TRANSLATION or (isinstance(state.get("vocabulary"), str) and task not in SEQUENCE_TASKS)
 
     def __init__(self, model: torch.nn.Module, state: dict[str, Any], source: Path,
                  device: torch.device | str = "cpu") -> None:

@@ -226,13 +226,19 @@ def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | N
     where = f" (checkpoint {str(source)!r})" if source is not None and who == "teacher" else ""
     student = " (and so the student)" if who == "teacher" else ""
     ours, theirs = getattr(splits.train.x, "vocabulary_digest", None), teacher_state.get("vocabulary")
-    if ours is not None and (classes != splits.num_classes or (isinstance(theirs, str) and theirs != ours)):
-        differ = (f"{classes} tokens vs {splits.num_classes}" if classes != splits.num_classes else
+    size = splits.num_classes
+    own = own_vocabulary(splits, who)
+    if own is not None:  # a causal LM teacher reading its own tokenisation (Universal Logit Distillation)
+        ours, size = own
+    if ours is not None and (classes != size or (isinstance(theirs, str) and theirs != ours)):
+        differ = (f"{classes} tokens vs {size}" if classes != size else
                   f"same size {classes}, other tokens: sha256 {str(theirs)[:12]} vs {ours[:12]}")
+        fix = ("set data.options.tokenizer (or teacher_tokenizer) to the teacher's tokenizer: its run folder or its "
+               "name" if hasattr(splits.train.x, "prompts") else
+               "set data.options.vocab_file to the teacher's run folder (its vocab.json)")
         raise ConfigError(f"{who} was trained with another vocabulary than dataset {splits.name!r}{where} ({differ}); "
-                          "per-token outputs are compared over one vocabulary: set data.options.vocab_file to the "
-                          "teacher's run folder (its vocab.json)")
-    if classes != splits.num_classes:
+                          f"per-token outputs are compared over one vocabulary: {fix}")
+    if classes != size:
         raise ConfigError(f"{who} has {classes} classes but dataset {splits.name!r}{student} has "
                           f"{splits.num_classes}{where}")
     if shape != tuple(splits.input_shape) and not is_tokens(splits.train.x):  # text models take any length
@@ -246,6 +252,19 @@ def check_compatible(teacher_state: dict, splits: Splits, source: str | Path | N
         check_tokenizer(teacher_state.get("tokenizer"), splits.train.x, side, f"{who}{where}", splits.name)
         check_recorded_fits(teacher_state, [s.x for s in (splits.train, *splits.eval_splits().values())],
                             f"{who}{where}", splits.name, side)
+
+
+def own_vocabulary(splits: Splits, who: str) -> tuple[str, int] | None:
+    """(vocabulary sha256, size) of the teacher's own tokenisation when a causal LM's data carries one (a teacher
+    with another tokenizer than the student's); None otherwise."""
+    x = splits.train.x
+    if who != "teacher" or not getattr(x, "has_teacher", False):
+        return None
+    entry = tokenizer_of(x, "teacher")
+    tok = getattr(x.info, "teacher_tokenizer", None)
+    if entry is None or tok is None:
+        return None
+    return str(entry["sha256"]), len(tok)
 
 
 def student_of(path: Path) -> tuple[Path, str]:

@@ -293,6 +293,10 @@ class RunContext:
         with torch.device("meta"):  # the model's options and input shape are checked without allocating it
             model = make_model(cfg.model, splits.input_shape, splits.num_classes)
             evaluator.check_model(model)
+        if getattr(model, "input_kind", None) == "tokens" and not is_tokens(splits.train.x):
+            raise ConfigError(f"model {cfg.model.name!r} reads token ids, but dataset {splits.name!r} gives "
+                              f"{'images' if len(splits.input_shape) == 3 else 'feature vectors'}; use a text "
+                              "dataset, or a model for these inputs")
         if is_user_model(cfg.model.name):  # a forward of two rows: shapes and output width, before any write
             rows = torch.arange(min(2, len(splits.train)))
             check_model_on_data(model, splits.train.x[rows], len(rows), splits.num_classes, splits.task,

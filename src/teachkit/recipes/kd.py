@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from teachkit import distributed
 from teachkit.config import RunConfig
 from teachkit.data import Splits
+from teachkit.data.text import tokenizer_of
 from teachkit.engine import Callback, OptimConfig, Trainer, load_checkpoint
 from teachkit.engine.checkpoint import strip, write_json
 from teachkit.errors import ConfigError
@@ -164,10 +165,19 @@ def inferred_taps(*taps: Tapped) -> list[str]:
 
 def check_tokenizers(ctx: RunContext) -> None:
     """Methods comparing token-level tensors (hidden states, attention maps) need one tokenizer for teacher and
-    student: a one-line ConfigError when the data carries the teacher's own tokenisation."""
+    student: a one-line ConfigError when the data carries the teacher's own tokenisation. A causal LM's logits are
+    per token too: with two tokenizers only a vocabulary-agnostic method (``uld``) compares them."""
     options = ctx.cfg.data.options or {}
     if not options.get("teacher_tokenizer"):
         return
+    if hasattr(ctx.splits.train.x, "token_targets"):  # per-token logits over two vocabularies
+        aligned = [m for m in ctx.cfg.kd.methods if not LOSSES.get(m).vocabulary_agnostic]
+        student = (tokenizer_of(ctx.splits.train.x, "student") or {}).get("name", options.get("tokenizer"))
+        if aligned:
+            raise ConfigError(f"kd.method={aligned[0]} compares per-token distributions over one vocabulary, but "
+                              f"data.options.teacher_tokenizer={options['teacher_tokenizer']!r} gives the teacher "
+                              f"another tokenizer than the student's ({student!r}); use kd.method=uld (Universal "
+                              "Logit Distillation) or one tokenizer")
     token_level = [m for m in ctx.cfg.kd.methods if LOSSES.get(m).token_level]
     if token_level:
         raise ConfigError(f"kd.method={token_level[0]} compares token-level tensors, so teacher and student need one "

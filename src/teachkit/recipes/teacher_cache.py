@@ -32,14 +32,18 @@ resumed run re-entering an epoch starts its table afresh. Per epoch on disk: sam
 width]) x bytes per value (CIFAR-100, 50k images, bf16 logits: 10 MB). Pro-KD's changing teacher does not use
 views (augmented inputs: per-batch forwards, as before).
 
-Translation (inputs that carry token-level targets, :class:`~teachkit.data.parallel.ParallelText`): the
-teacher's logits are one row per target token, so the cache is ragged -- every token of the transfer set in
-row order, with each row's offset -- and a batch reads its rows' tokens in its packed order. With
-``teacher.cache_topk=k`` only the k largest logits per token are kept (ids and values); a batch gets them back
-as dense logits with every other entry at -1e9, so the student distils from the teacher's top-k distribution
-renormalised: a biased estimate of the full distribution (the summary's ``teacher_cache.approximation`` says
-so). Without top-k the whole distribution is kept only while it fits :data:`FULL_LIMIT_BYTES`. The view cache
-takes ``teacher.cache_topk`` for image logits the same way (an approximation, reported as such).
+Sequences (inputs that carry token-level targets: translation's :class:`~teachkit.data.parallel.ParallelText`,
+a causal LM's :class:`~teachkit.data.lm.LMText`): the teacher's logits are one row per target token, so the cache
+is ragged -- every token of the transfer set in row order, with each row's offset -- and a batch reads its rows'
+tokens in its packed order. With ``teacher.cache_topk=k`` only the k largest logits per token are kept (ids and
+values) with the log of the probability of all other tokens (the "rest" bucket: k x (value + id) + 4 bytes per
+token, e.g. 196 MB per million tokens at k = 32 with float16 values; the summary states
+``bytes_per_million_tokens``). A batch gets them back as :class:`TopKTaps`: Hinton KD's divergences compare the
+teacher's (k + 1)-outcome distribution with the student's (exact at T = 1; at other temperatures the rest is
+assumed flat), and a method reading dense logits gets the top-k renormalised (every other entry at -1e9): biased
+estimates of the full distribution (the summary's ``teacher_cache.approximation`` says so). Without top-k the
+whole distribution is kept only while it fits :data:`FULL_LIMIT_BYTES`. The view cache takes
+``teacher.cache_topk`` for image logits as the renormalised top-k (an approximation, reported as such).
 
 Exactness: the cache stores the teacher's outputs in their own dtype (bf16 logits under bf16 autocast) and
 hands them back in it. The view cache runs the teacher on the very batch an uncached step would, so a student
@@ -76,6 +80,7 @@ from teachkit.engine.checkpoint import (
     save_checkpoint,
 )
 from teachkit.errors import WriteError
+from teachkit.losses.divergences import TopKLogits
 from teachkit.models import FrozenTeacher, Tapped
 from teachkit.recipes.context import RunContext
 from teachkit.types import Batch, Taps, num_rows
@@ -209,11 +214,36 @@ def token_positions(offsets: Tensor, index: Tensor) -> Tensor:
     return first + torch.arange(total, device=offsets.device)
 
 
+class TopKTaps(Taps):
+    """The taps of a top-k cached teacher (module docstring): ``extra["topk"]`` holds the k largest logits and the
+    leftover probability mass (:class:`~teachkit.losses.divergences.TopKLogits`), which Hinton KD's divergences
+    read as k tokens plus one "rest" bucket; ``logits`` is built only when a method reads it: dense, the top-k
+    renormalised (every other entry at -1e9)."""
+
+    def __init__(self, topk: TopKLogits) -> None:
+        self._dense: Tensor | None = None
+        super().__init__(None, extra={"topk": topk})  # type: ignore[arg-type]
+
+    @property  # type: ignore[override]
+    def logits(self) -> Tensor:
+        if self._dense is None:
+            self._dense = self.extra["topk"].dense()
+        return self._dense
+
+    @logits.setter
+    def logits(self, value: Tensor | None) -> None:
+        self._dense = value
+
+
+#: the tables of a top-k token cache: the k largest logits, their token ids, the log of the rest's probability
+TOPK_TABLES = ("values", "ids", "log_rest")
+
+
 @dataclass
 class TokenTeacherOutputs(TeacherOutputs):
-    """A translation teacher's per-token logits for training batches, from a ragged cache (module docstring):
-    ``cache["logits"]`` (all tokens, V) or, with top-k, ``cache["values"]`` / ``cache["ids"]`` (all tokens, k);
-    ``offsets`` (rows + 1,) locate each row's tokens."""
+    """A sequence teacher's per-token logits for training batches, from a ragged cache (module docstring):
+    ``cache["logits"]`` (all tokens, V) or, with top-k, ``cache["values"]`` / ``cache["ids"]`` (all tokens, k) and
+    ``cache["log_rest"]`` (all tokens,); ``offsets`` (rows + 1,) locate each row's tokens."""
 
     offsets: Tensor | None = None
     vocab_size: int = 0
@@ -227,40 +257,57 @@ class TokenTeacherOutputs(TeacherOutputs):
         if not self.topk:
             logits = self.cache["logits"][flat]
             return Taps(logits.float() if logits.dtype == torch.float16 else logits)
-        values, ids = self.cache["values"][flat].float(), self.cache["ids"][flat].long()
-        dense = values.new_full((values.shape[0], self.vocab_size), OUTSIDE_TOP_K)
-        return Taps(dense.scatter_(1, ids, values))
+        return TopKTaps(TopKLogits(self.cache["ids"][flat].long(), self.cache["values"][flat].float(),
+                                   self.cache["log_rest"][flat].float(), self.vocab_size))
 
     def report(self) -> dict[str, Any]:
         info = super().report()
         if self.cache:
-            info["tokens"] = int(self.offsets[-1]) if self.offsets is not None else 0
+            tokens = int(self.offsets[-1]) if self.offsets is not None else 0
+            info["tokens"] = tokens
+            if tokens:
+                info["bytes_per_million_tokens"] = int(info["bytes"] * 1_000_000 / tokens)
             if self.topk:
                 info["topk"] = self.topk
-                info["approximation"] = (f"top-{self.topk}: the teacher's {self.topk} largest logits per target token, "
-                                         "renormalised over them; a biased estimate of the full per-token "
-                                         "distribution")
+                info["approximation"] = (
+                    f"top-{self.topk}: the teacher's {self.topk} largest logits per target token and the probability "
+                    "of all other tokens as one bucket; Hinton KD's divergences compare the (k + 1)-outcome "
+                    "distributions (exact at T = 1, the rest assumed flat at other T), methods reading dense logits "
+                    "get the top-k renormalised: a biased estimate of the full per-token distribution")
         return info
 
 
 @torch.no_grad()
 def compute_token_outputs(teacher: Tapped, x: Any, batch_size: int, topk: int,
-                          dtype: torch.dtype | None, precision: Precision | None = None) -> dict[str, Tensor]:
-    """The teacher's per-token logits for every row of ``x`` (parallel text), rows in order, each row's tokens in
-    order: ``logits`` (tokens, V), or its ``topk`` largest as ``values`` (tokens, k) and ``ids`` int32; under
-    ``precision``'s autocast, stored in ``dtype`` (None: the teacher's own output dtype)."""
+                          dtype: torch.dtype | None, precision: Precision | None = None) -> dict[str, Any]:
+    """The teacher's per-token logits for every row of ``x`` (parallel text, causal-LM text), rows in order, each
+    row's tokens in order: ``logits`` (tokens, V), or its ``topk`` largest as ``values`` (tokens, k) and ``ids``
+    int32 with ``log_rest`` (tokens,) float32, the log of the probability of every other token (at T = 1); under
+    ``precision``'s autocast, stored in ``dtype`` (None: the teacher's own output dtype); ``vocab_size``: the
+    width of the teacher's logits (an int, not a table)."""
     parts: dict[str, list[Tensor]] = {}
     device = _device_of(teacher)
+    width = 0
     for start in range(0, x.shape[0], batch_size):
         with precision.autocast(device) if precision is not None else contextlib.nullcontext():
             logits = teacher(x[start:start + batch_size]).logits.detach()
+        width = int(logits.shape[1])
         if topk:
-            values, ids = logits.float().topk(min(topk, logits.shape[1]), dim=1)
-            parts.setdefault("values", []).append(values.to(dtype or logits.dtype))
-            parts.setdefault("ids", []).append(ids.to(torch.int32))
+            top = TopKLogits.from_logits(logits, min(topk, logits.shape[1]))
+            parts.setdefault("values", []).append(top.values.to(dtype or logits.dtype))
+            parts.setdefault("ids", []).append(top.ids.to(torch.int32))
+            parts.setdefault("log_rest", []).append(top.log_rest.float())
         else:
             parts.setdefault("logits", []).append(logits.to(dtype or logits.dtype))
-    return {n: torch.cat(v) for n, v in parts.items()}
+    out: dict[str, Any] = {n: torch.cat(v) for n, v in parts.items()}
+    out["vocab_size"] = width
+    return out
+
+
+def teacher_target_lengths(x: Any) -> Tensor:
+    """Target tokens per row of the teacher's logits: its own tokenisation's when the data carries one (a causal
+    LM distilled across tokenizers), else the rows' targets."""
+    return x.teacher_tgt_lengths() if getattr(x, "has_teacher", False) else x.tgt_lengths()
 
 
 def _device_of(teacher: nn.Module) -> torch.device:
@@ -330,15 +377,16 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
     store = torch.float16 if dtype == "float16" else None  # None: the teacher's own dtype (exact)
     tokens = hasattr(split.x, "token_targets")
     why = reason_not_cacheable(mode, needs, augmented, transforms, TOKEN_CACHEABLE if tokens else CACHEABLE)
-    if not why and tokens and not topk:
-        size = int(split.x.tgt_lengths().sum()) * vocab_size * (2 if dtype == "float16" else 4)
+    lengths = teacher_target_lengths(split.x) if tokens else None
+    if not why and lengths is not None and not topk:
+        size = int(lengths.sum()) * vocab_size * (2 if dtype == "float16" else 4)
         if size > FULL_LIMIT_BYTES:
             why = (f"the whole per-token distribution would take {size / 1024**3:.1f} GiB; set teacher.cache_topk "
                    "(e.g. 8) to cache the top-k")
     made = TokenTeacherOutputs if tokens else TeacherOutputs
     if why:
         return made(teacher, status="off", why=why)
-    names = ("values", "ids") if tokens and topk else tuple(n for n in CACHEABLE if n in set(needs))
+    names = TOPK_TABLES if tokens and topk else tuple(n for n in CACHEABLE if n in set(needs))
     layout = channels_last and isinstance(split.x, Tensor) and split.x.dim() == 4
     key = hashlib.sha256("|".join([weights_digest(teacher.model), inputs_digest(split.x), _taps_text(teacher, names),
                                    "float16" if store is not None else "exact", str(len(split)),
@@ -347,8 +395,8 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
     path = Path(out_dir) / FOLDER / f"{key}.safetensors"
     device = split.y.device
     extra: dict[str, Any] = {}
-    if tokens:
-        offsets = torch.cat([split.x.tgt_lengths().new_zeros(1), torch.cumsum(split.x.tgt_lengths(), 0)]).long()
+    if lengths is not None:
+        offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).long()
         extra = {"offsets": offsets.to(device), "vocab_size": vocab_size, "topk": topk}
     stale = ""
     if path.is_file():
@@ -358,18 +406,24 @@ def teacher_outputs(teacher: Tapped, split: TensorSplit, *, needs: Iterable[str]
                 rows = int(extra["offsets"][-1]) if tokens else len(split)
                 stale = stale_rows(path, tensors, rows, "target tokens" if tokens else "samples")
                 if not stale:
+                    if tokens and isinstance(state.get("vocab_size"), int):  # the teacher's own vocabulary
+                        extra["vocab_size"] = state["vocab_size"]
                     return made(teacher, {n: t.to(device) for n, t in tensors.items()}, "loaded", path=path,
                                 dtype=tensors[names[0]].dtype, **extra)
         except CheckpointError:
             pass  # unreadable or tampered: recomputed and rewritten below
     cache = compute_token_outputs(teacher, split.x, batch_size, topk, store, precision) if tokens else \
         compute_outputs(teacher, split, names, batch_size, store, precision, layout)
+    width = cache.pop("vocab_size", None)
+    if tokens and width is not None:
+        extra["vocab_size"] = int(width)
     result = made(teacher, {n: t.to(device) for n, t in cache.items()}, "computed", path=path,
                   forwards=len(split), dtype=cache[names[0]].dtype, warning=stale, **extra)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         cpu = {n: t.cpu().contiguous() for n, t in cache.items()}
-        save_checkpoint(path, cpu, {"key": key, "samples": len(split)})
+        save_checkpoint(path, cpu, {"key": key, "samples": len(split),
+                                    **({"vocab_size": extra["vocab_size"]} if tokens else {})})
     except (OSError, WriteError) as e:  # the cache is an optimisation: a run never fails because it cannot be written
         result.why = f"not written to disk ({e})"
         result.path = None
@@ -380,7 +434,7 @@ def stale_rows(path: Path, tensors: Mapping[str, Tensor], rows: int, what: str) 
     """Why the cache file ``path`` does not fit a transfer set of ``rows`` rows ("" when it does): a table
     with another number of rows (or none) would index out of range; the file is then rebuilt."""
     found = sorted({int(t.shape[0]) if t.dim() >= 1 else 0 for t in tensors.values()})
-    if found == [rows] and all(t.dim() >= 2 for t in tensors.values()):
+    if found == [rows] and all(t.dim() >= 2 or name == "log_rest" for name, t in tensors.items()):
         return ""
     held = ", ".join(f"{n:,}" for n in found)
     return (f"teacher cache {str(path)!r} holds {held} rows but the transfer set has {rows:,} {what}; "

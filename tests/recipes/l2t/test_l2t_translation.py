@@ -73,6 +73,22 @@ def dev_value(student, start, batches, teacher, states, opt, dev, objective) -> 
         return float(objective(logits, dev.y))
 
 
+def central_differences(teacher: torch.nn.Module, value, eps: float = 1e-6) -> torch.Tensor:
+    """d value() / d theta by central differences on every trainable teacher parameter, in parameter order."""
+    fd = []
+    for p in [q for q in teacher.parameters() if q.requires_grad]:
+        for i in range(p.numel()):
+            vals = []
+            for sign in (1, -1):
+                with torch.no_grad():
+                    p.view(-1)[i] += sign * eps
+                vals.append(value())
+                with torch.no_grad():
+                    p.view(-1)[i] -= sign * eps
+            fd.append((vals[0] - vals[1]) / (2 * eps))
+    return torch.tensor(fd, dtype=F64)
+
+
 @pytest.mark.parametrize("kind", ["static", "gated"])
 def test_per_token_hypergradient_matches_finite_differences_on_a_tiny_lstm(kind):
     """The exact reverse-mode teacher gradient through 3 momentum-SGD steps of an LSTM-attention student whose
@@ -83,18 +99,8 @@ def test_per_token_hypergradient_matches_finite_differences_on_a_tiny_lstm(kind)
     opt = InnerOptimizer(lr=0.5, momentum=0.9, weight_decay=1e-3)
     objective = dev_cross_entropy if kind == "static" else (lambda z, y: smooth_error(z, y, 5.0))
     res = hypergradient(student, start, teacher, states, batches, loss_fn, opt, dev, objective, "full")
-    eps, fd = 1e-6, []
-    for p in [q for q in teacher.parameters() if q.requires_grad]:
-        for i in range(p.numel()):
-            vals = []
-            for sign in (1, -1):
-                with torch.no_grad():
-                    p.view(-1)[i] += sign * eps
-                vals.append(dev_value(student, start, batches, teacher, states, opt, dev, objective))
-                with torch.no_grad():
-                    p.view(-1)[i] -= sign * eps
-            fd.append((vals[0] - vals[1]) / (2 * eps))
-    fd_t = torch.tensor(fd, dtype=F64)
+    fd_t = central_differences(teacher, lambda: dev_value(student, start, batches, teacher, states, opt, dev,
+                                                          objective))
     got = torch.cat([g.flatten() for g in res.grads])
     assert fd_t.norm() > 1e-4
     assert float((got - fd_t).norm() / fd_t.norm()) < 1e-4
