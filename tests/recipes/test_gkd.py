@@ -1,7 +1,7 @@
 """On-policy distillation (teachkit run gkd): the loss equals the generalised JSD written out by hand on the tiny
 addition vocabulary, for reference and for self-sampled responses; the coin and the samples are a function of
-(seed, epoch, step); lmbda 0 never samples and reads the teacher cache, lmbda 1 always samples; a run extended by
---resume equals one trained in one go; bad settings are one line."""
+(seed, epoch, step); lmbda 0 never samples and reads the teacher cache, lmbda 1 always samples, seq_kd answers with
+the teacher's samples; a run extended by --resume equals one trained in one go; bad settings are one line."""
 
 from __future__ import annotations
 
@@ -101,6 +101,9 @@ def test_lmbda_zero_reads_the_cache_and_lmbda_one_always_samples(tmp_path, lm_te
     always = RECIPES.get("gkd")(from_dict({**base, "name": "always", "gkd": {"lmbda": 1.0}})).summary
     assert always["gkd"]["on_policy_batches"] == always["gkd"]["batches"] > 0
     assert always["gkd"]["sampled_tokens"] > 0 and always["cost"]["teacher_forward_images"] >= 240
+    teacher = RECIPES.get("gkd")(from_dict({**base, "name": "seq-kd", "gkd": {"lmbda": 0.0, "seq_kd": True}})).summary
+    assert teacher["gkd"]["teacher_sampled_batches"] == teacher["gkd"]["batches"] > 0
+    assert teacher["gkd"]["on_policy_batches"] == 0 and teacher["gkd"]["sampled_tokens"] > 0
 
 
 def test_resumed_run_equals_one_trained_in_one_go(tmp_path, lm_teacher):

@@ -61,13 +61,21 @@ class GKDOptions(Options):
     at most ``max_new_tokens`` tokens; ``loss_temperature``: the temperature of both distributions in the
     divergence; ``seq_kd``: off-policy batches train on responses the teacher samples instead of the references."""
 
+    #: the fraction of batches whose responses the student samples (on-policy)
     lmbda: float = option(0.5, ge=0.0, le=1.0)
+    #: the generalised JSD's weight: 0 is forward KL(teacher || student), 1 reverse KL(student || teacher)
     beta: float = option(0.5, ge=0.0, le=1.0)
+    #: the sampling temperature of on-policy (and seq_kd) responses
     temperature: float = option(0.9, gt=0.0)
+    #: sample among the k most probable tokens only (0: no cut)
     top_k: int = option(0, ge=0)
+    #: sample from the smallest set of tokens holding this probability (1: no cut)
     top_p: float = option(1.0, gt=0.0, le=1.0)
+    #: the most tokens a sampled response may have
     max_new_tokens: int = option(128, ge=1)
+    #: the temperature of both distributions in the divergence
     loss_temperature: float = option(1.0, gt=0.0)
+    #: off-policy batches train on responses the teacher samples instead of the references (TRL's seq_kd)
     seq_kd: bool = False
 
     def sampling(self) -> GenerateOptions:

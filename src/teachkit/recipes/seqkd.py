@@ -74,13 +74,17 @@ class SeqKDOptions(Options):
     ``top_p``; seeded by ``train.seed``)."""
 
     mode: Literal["seq", "inter"] = "seq"
+    #: causal LMs: beam search (beam 1: greedy) or sampling; translation decodes by beam search
     decode: Literal["beam", "sample"] = "beam"
     beam: int = option(5, ge=1)
     length_penalty: float = 1.0
     max_len_a: float = option(1.2, ge=0.0)
     max_len_b: int = option(10, ge=1)
+    #: causal LMs: the most tokens a response may have (null: the data's max_new_tokens)
     max_new_tokens: int | None = option(None, ge=1)
+    #: causal LMs, decode=sample: the sampling temperature
     temperature: float = option(1.0, gt=0.0)
+    #: causal LMs, decode=sample: the nucleus (1: no cut)
     top_p: float = option(1.0, gt=0.0, le=1.0)
     batch_size: int = option(64, ge=1)
 
