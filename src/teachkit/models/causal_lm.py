@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from teachkit.data.text import model_inputs, resolve_pretrained
 from teachkit.errors import ConfigError
 from teachkit.models.taps import TapSpec, unwrap
+from teachkit.models.text import layer_outputs
 from teachkit.models.zoo import MODELS, first_line, fraction, input_shape_of, positive_int
 from teachkit.options import short_repr
 from teachkit.registry import closest
@@ -230,15 +231,7 @@ class HFCausalLM(nn.Module):
         logits = self.head(hidden)
         if not self._requested:
             return logits
-        result: dict[str, Any] = {"logits": logits}
-        if "hidden_states" in want:
-            result["hidden_states"] = tuple(out.hidden_states)
-        if "attentions" in want:
-            if out.attentions is None or any(a is None for a in out.attentions):
-                raise RuntimeError(f"{type(self.hf).__name__} returned no attention probabilities with attention "
-                                   f"implementation {getattr(self.hf.config, '_attn_implementation', None)!r}")
-            result["attentions"] = tuple(out.attentions)
-        return result
+        return {"logits": logits, **layer_outputs(self.hf, out, want)}
 
     def decode_step(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                     cache: Any = None) -> tuple[Tensor, Any]:

@@ -204,14 +204,7 @@ class HFTextModel(nn.Module):
         finally:
             if handle is not None:
                 handle.remove()
-        result: dict[str, Any] = {"logits": self._logits(out)}
-        if "hidden_states" in want:
-            result["hidden_states"] = tuple(out.hidden_states)
-        if "attentions" in want:
-            if out.attentions is None or any(a is None for a in out.attentions):
-                raise RuntimeError(f"{type(self.hf).__name__} returned no attention probabilities with "
-                                   f"attention implementation {self.hf.config._attn_implementation!r}")
-            result["attentions"] = tuple(out.attentions)
+        result: dict[str, Any] = {"logits": self._logits(out), **layer_outputs(self.hf, out, want)}
         if "pooled" in want:
             result["pooled"] = pooled[-1] if pooled else out.hidden_states[-1][:, 0]
         return result
@@ -220,6 +213,20 @@ class HFTextModel(nn.Module):
         if self.head == "qa":
             return torch.stack([out.start_logits, out.end_logits], dim=-1)
         return out.logits
+
+
+def layer_outputs(hf: nn.Module, out: Any, want: Iterable[str]) -> dict[str, Any]:
+    """The ``hidden_states`` and ``attentions`` tuples of a Hugging Face model's output ``out``, those in ``want``;
+    a RuntimeError when attentions were asked for and the attention implementation returned none."""
+    fields: dict[str, Any] = {}
+    if "hidden_states" in want:
+        fields["hidden_states"] = tuple(out.hidden_states)
+    if "attentions" in want:
+        if out.attentions is None or any(a is None for a in out.attentions):
+            raise RuntimeError(f"{type(hf).__name__} returned no attention probabilities with attention "
+                               f"implementation {getattr(hf.config, '_attn_implementation', None)!r}")
+        fields["attentions"] = tuple(out.attentions)
+    return fields
 
 
 # -- the builder ------------------------------------------------------------------------------------------------
